@@ -1,0 +1,43 @@
+# Every target sets up what it needs from a fresh clone, idempotently.
+PYTHON ?= python3
+VENV := .venv
+AW_VENV := .venv-appworld
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BFCL_EVAL := bfcl-eval==2026.3.23
+APPWORLD := appworld==0.1.3.post1
+
+.PHONY: venv appworld-venv test test-slow clean
+
+venv: $(VENV)/.installed
+
+# Re-runs only when the project's requirements change.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
+	# executor and checker need only the standard library and mpmath.
+	$(PIP) install -q --no-deps $(BFCL_EVAL)
+	touch $@
+
+appworld-venv: $(AW_VENV)/.installed
+
+# AppWorld pins pydantic<2 and friends: it lives in its own interpreter and is only
+# ever reached over loopback.
+$(AW_VENV)/.installed:
+	test -x $(AW_VENV)/bin/python || $(PYTHON) -m venv $(AW_VENV)
+	$(AW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AW_VENV)/bin/python -m pip install -q $(APPWORLD) uvicorn
+	$(AW_VENV)/bin/appworld install
+	touch $@
+
+test: venv appworld-venv
+	$(PY) -m pytest -q
+
+test-slow: venv appworld-venv
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) $(AW_VENV) .pytest_cache

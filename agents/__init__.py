@@ -1,0 +1,1 @@
+"""The policy side: model loading, generation backends and the vectorized agent."""

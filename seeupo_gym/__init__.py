@@ -1,0 +1,20 @@
+"""seeupo-gym: sequence-level multi-turn text envs for LLM agents.
+
+Importing this package registers the env ids with *string* entry points, so it stays
+cheap: nothing heavy (bfcl-eval, httpx servers, torch) is imported until `gym.make`.
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from seeupo_gym.spaces import UnicodeText
+
+__all__ = ["UnicodeText"]
+
+# id -> "module:Class". Later envs add one line here.
+_ENVS: dict[str, str] = {}
+
+for _env_id, _entry_point in _ENVS.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_entry_point)
