@@ -1,0 +1,164 @@
+"""The algorithm interface: what an algorithm needs of a learner, and how algorithms register.
+
+An algorithm owns its whole update step: which samples are updated in which order, with
+what advantage weights, and how the weights change between sub-updates (SeeUPO's reverse
+turn order and its factor M live here, not in the trainer). It talks to the policy only
+through `Learner`, which an LLM (the trainer's) and a tabular softmax policy (TurnBandit)
+both implement, so the same algorithm code runs on either.
+
+A user algorithm is a subclass of `Algorithm` decorated with `@register_algorithm("name")`
+in any file; the trainer finds it by name once that file is imported (config key
+`plugins: [path/to/file.py]` or `--plugin`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar
+
+import torch
+
+from algorithms.rollout import RolloutBatch, TurnSample
+
+
+@dataclass
+class TokenLogprobs:
+    """Per-token log-probabilities of a list of responses, right-padded to one length.
+
+    logprobs[i, j] is log pi(y_ij | context_i, y_i<j) for sample i; mask marks real tokens.
+    """
+
+    logprobs: torch.Tensor  # [n, L] float
+    mask: torch.Tensor  # [n, L] bool
+
+    def __post_init__(self) -> None:
+        if self.logprobs.shape != self.mask.shape:
+            raise ValueError(f"logprobs {tuple(self.logprobs.shape)} and mask {tuple(self.mask.shape)} differ in shape")
+
+
+class Learner(Protocol):
+    """The policy being trained, as an algorithm sees it."""
+
+    def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
+        """Response-token logprobs under the current parameters (with autograd when grad=True)."""
+        ...
+
+    def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
+        """Response-token logprobs under the frozen reference policy (no autograd)."""
+        ...
+
+    def values(self, samples: Sequence[TurnSample]) -> torch.Tensor:
+        """Value estimates per response token, [n, L] aligned with `logprobs` (value-based algorithms only)."""
+        ...
+
+    def optimize(self, loss: torch.Tensor) -> dict[str, float]:
+        """One optimizer step on `loss` (backward, gradient clipping, step, zero_grad); returns e.g. grad_norm."""
+        ...
+
+
+@dataclass
+class AlgorithmConfig:
+    """Hyperparameters every algorithm shares. Subclasses add their own fields with defaults."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.002
+    # Sample reuse: every sample takes part in `epochs` passes, in minibatches of this many
+    # samples; the same for every algorithm so that comparisons spend equal compute.
+    epochs: int = 1
+    minibatch_size: int = 64
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "AlgorithmConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown algorithm option(s) {unknown} for {cls.__name__}; allowed: {sorted(known)}"
+            )
+        return cls(**values)
+
+
+ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
+
+
+class Algorithm(ABC):
+    """An RL update rule. Subclasses set `config_class` and implement `update`."""
+
+    config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    # True when the learner must carry a value model (PPO).
+    needs_value_model: ClassVar[bool] = False
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: AlgorithmConfig | dict[str, Any] | None = None) -> None:
+        if config is None:
+            config = self.config_class()
+        elif isinstance(config, dict):
+            config = self.config_class.from_dict(config)
+        elif not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+
+    @abstractmethod
+    def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
+        """One training step on `batch`; returns scalar metrics. `generator` drives any shuffling."""
+
+
+_REGISTRY: dict[str, type[Algorithm]] = {}
+
+A = TypeVar("A", bound=type[Algorithm])
+
+
+def register_algorithm(name: str) -> Callable[[A], A]:
+    """Class decorator: make an algorithm available under `name`."""
+
+    def decorate(cls: A) -> A:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"an algorithm named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtin_algorithms() -> None:
+    # Imported lazily so that `import algorithms` stays cheap; each module registers itself.
+    for module in ("ppo", "grpo", "gspo", "seeupo"):
+        spec = importlib.util.find_spec(f"algorithms.{module}")
+        if spec is not None:
+            importlib.import_module(f"algorithms.{module}")
+
+
+def load_plugin(path: str | Path) -> None:
+    """Import a user file (or dotted module) that registers algorithms."""
+    path_str = str(path)
+    if path_str.endswith(".py") or Path(path_str).exists():
+        file = Path(path_str).resolve()
+        if not file.is_file():
+            raise FileNotFoundError(f"algorithm plugin {path_str!r} does not exist")
+        module_name = f"seeupo_plugin_{file.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    else:
+        importlib.import_module(path_str)
+
+
+def available_algorithms() -> list[str]:
+    _load_builtin_algorithms()
+    return sorted(_REGISTRY)
+
+
+def make_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
+    """Build the algorithm registered under `name` with `config` overriding its defaults."""
+    _load_builtin_algorithms()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name](config or {})
