@@ -1,0 +1,325 @@
+"""Training configuration: YAML files and `key=value` overrides -> typed dataclasses.
+
+Every field is documented with its default; the defaults are the paper's (lr 1e-6, 32 tasks
+x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `configs/`
+override them explicitly. A wrong key or value is rejected when the config is loaded, with
+the dotted key and what is allowed, never later in the middle of a run.
+
+The `algorithm` section is open: `name` picks a registered algorithm and every other key is
+passed to that algorithm's config class, which names its own allowed options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter (peft). With LoRA the reference policy is the base with the adapter off."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    # "all-linear" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].
+    target_modules: str | list[str] = "all-linear"
+
+
+@dataclass
+class ModelConfig:
+    # "embedded" (offline Qwen2.5-Coder-0.5B-Instruct), "tiny" (random init, tests), or a
+    # Hugging Face id / local path.
+    name_or_path: str = "embedded"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None
+    gradient_checkpointing: bool = False
+    # Samples per forward pass for the no-grad passes (old / reference logprobs); bounds memory.
+    forward_batch_size: int = 8
+
+
+@dataclass
+class EnvConfig:
+    id: str = "seeupo/BFCL-v4-v0"
+    # Passed to gym.make, e.g. {max_turns: 10}.
+    kwargs: dict[str, Any] = field(default_factory=lambda: {"max_turns": 10})
+    # Task ids to train on; null: every task the env lists (its `task_ids`).
+    train_tasks: list[str] | None = None
+    # Task ids to evaluate on; null: the training tasks.
+    eval_tasks: list[str] | None = None
+    # Envs stepped together by the vectorized agent (per process).
+    num_envs: int = 8
+    # Longest context the agent feeds the model; longer episodes end truncated.
+    max_context_tokens: int = 8192
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    # Gradient-norm clip per model (policy, value); <= 0 disables it.
+    max_grad_norm: float = 1.0
+    # Learning rate of the value model (only algorithms that need one, e.g. PPO).
+    value_lr: float = 1e-5
+
+
+@dataclass
+class TrainConfig:
+    # Training steps (one step = collect B x G rollouts, then one algorithm update).
+    steps: int = 100
+    # B: tasks per step, over all processes together.
+    tasks_per_step: int = 32
+    # G: rollouts per task.
+    group_size: int = 8
+    seed: int = 0
+    # Evaluate every this many steps (0: never); eval_tasks_per_eval tasks, one greedy rollout each.
+    eval_every: int = 0
+    eval_tasks_per_eval: int = 32
+    eval_temperature: float = 0.0
+    # Save a checkpoint every this many steps (0: only at the end); keep the last `keep_checkpoints`.
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    # Collect again (same seed) this many times when the env or the agent fails during a step.
+    rollout_retries: int = 1
+
+
+@dataclass
+class LogConfig:
+    # Run folder: metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    output_dir: str = "runs/seeupo"
+    # accelerate trackers ("tensorboard", "wandb", ...); [] for JSONL only.
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project_name: str = "seeupo-gym"
+    progress_bars: bool = True
+
+
+@dataclass
+class AlgorithmSection:
+    """`name` of a registered algorithm; every other key goes to that algorithm's config."""
+
+    name: str = "seeupo"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    # Python files (or dotted modules) that register user algorithms.
+    plugins: list[str] = field(default_factory=list)
+    # Checkpoint folder to resume from, or "latest" (the newest under log.output_dir/checkpoints).
+    resume_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        algorithm = data.pop("algorithm")
+        data["algorithm"] = {"name": algorithm["name"], **algorithm["options"]}
+        return data
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read a YAML file (or start from the defaults) and apply `dotted.key=value` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
+        raw = loaded
+    for override in overrides:
+        apply_override(raw, override)
+    return config_from_dict(raw)
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (numbers, lists, null)."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} is not of the form dotted.key=value")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    raw = dict(raw)
+    algorithm_raw = raw.pop("algorithm", None)
+    config = _build(Config, raw, "")
+    if algorithm_raw is not None:
+        if not isinstance(algorithm_raw, dict):
+            raise ConfigError(f"algorithm must be a mapping with a 'name', got {algorithm_raw!r}")
+        options = dict(algorithm_raw)
+        name = options.pop("name", AlgorithmSection.name)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"algorithm.name must be a non-empty string, got {name!r}")
+        config.algorithm = AlgorithmSection(name=name, options=options)
+    _check_values(config)
+    return config
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    allowed = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(_join(where, k) for k in unknown)}; allowed in "
+            f"{where or 'the top level'}: {', '.join(sorted(allowed))}"
+        )
+    kwargs = {}
+    for name in allowed:
+        if name in raw and not (cls is Config and name == "algorithm"):
+            kwargs[name] = _convert(hints[name], raw[name], _join(where, name))
+    return cls(**kwargs)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{key} may not be null")
+        errors = []
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{key}: {value!r} fits none of the allowed forms ({'; '.join(errors)})")
+    if value is None:
+        raise ConfigError(f"{key} may not be null")
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} is {value!r}; allowed: {', '.join(map(repr, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_convert(args[0], item, f"{key}[{i}]") for i, item in enumerate(value)] if args else value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        # YAML 1.1 reads `1e-6` (no dot) as a string.
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    if hint is Any:
+        return value
+    raise ConfigError(f"{key}: unsupported config type {hint!r}")  # a bug in this module, not in the file
+
+
+def _check_values(config: Config) -> None:
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+
+    def non_negative(key: str, value: float) -> None:
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+
+    positive("train.steps", config.train.steps)
+    positive("train.tasks_per_step", config.train.tasks_per_step)
+    positive("train.group_size", config.train.group_size)
+    positive("optim.lr", config.optim.lr)
+    positive("optim.value_lr", config.optim.value_lr)
+    positive("sampling.max_new_tokens", config.sampling.max_new_tokens)
+    positive("env.num_envs", config.env.num_envs)
+    positive("env.max_context_tokens", config.env.max_context_tokens)
+    positive("model.forward_batch_size", config.model.forward_batch_size)
+    non_negative("sampling.temperature", config.sampling.temperature)
+    non_negative("train.eval_every", config.train.eval_every)
+    non_negative("train.save_every", config.train.save_every)
+    non_negative("train.rollout_retries", config.train.rollout_retries)
+    positive("train.keep_checkpoints", config.train.keep_checkpoints)
+    if not 0 < config.sampling.top_p <= 1:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {config.sampling.top_p}")
+    if config.model.lora is not None:
+        positive("model.lora.r", config.model.lora.r)
+    for key, tasks in (("env.train_tasks", config.env.train_tasks), ("env.eval_tasks", config.env.eval_tasks)):
+        if tasks is not None and not tasks:
+            raise ConfigError(f"{key} is an empty list; give task ids or null for all of the env's tasks")
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
