@@ -1,0 +1,277 @@
+"""`seeupo/BFCL-v4-v0`: BFCL v4 multi-turn as a sequence-level Gymnasium env (DESIGN section 2).
+
+Episode = one BFCL entry; one step = one model response.
+
+- A response with calls (see `seeupo_gym.bfcl.calls` for the format) has them run on the
+  episode's own backends; the observation lists each call with its result.
+- A plain-text response ends the current user turn; the observation is the next user
+  message (on miss_func's reveal turns: the newly available functions). After the last user
+  turn the episode terminates and BFCL's `multi_turn_checker` scores it: reward 1.0 iff every
+  user turn passes its state and response checks, else 0.0.
+- Any other response (empty, too long, binary, malformed or unsafe call list, unknown
+  function) is an error: nothing runs, the observation says why, the turn goes on, and the
+  response still counts toward `max_turns`.
+- `max_turns` bounds the responses of the whole episode (the paper uses 10). Reaching it
+  before the last user turn ends truncates the episode with reward 0.0, as BFCL fails
+  force-terminated entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+
+from seeupo_gym.bfcl.backend import CheckResult, EpisodeBackend, check_episode
+from seeupo_gym.bfcl.calls import ActionError, Call, DecodedResponse, decode_response
+from seeupo_gym.bfcl.data import CATEGORIES, SPLITS, Entry, FunctionDoc, function_docs, get_entry, task_ids
+from seeupo_gym.bfcl.prompt import reveal_message, system_prompt
+from seeupo_gym.spaces import UnicodeText
+from seeupo_gym.templates import ReActTemplate
+
+FINAL_OBSERVATION = "The conversation is over."
+
+
+class BFCLEnv(gym.Env[str, str]):
+    """BFCL v4 multi-turn (base, miss_func, miss_param, long_context) over bfcl-eval's real data.
+
+    Args:
+        categories: BFCL categories to draw tasks from (a name or a list of names).
+        split: "train", "test" (the fixed ids in `seeupo_gym/bfcl/split.json`) or "all".
+        max_turns: responses per episode before truncation.
+        keep_think: whether earlier responses keep their `<think>` block in `info["messages"]`.
+        template: the ReAct template (overrides keep_think when given).
+        max_action_chars: longer responses are refused (error observation).
+        max_observation_chars: longer observations are cut, with a note saying how much.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        categories: str | Sequence[str] = ("base",),
+        split: str = "train",
+        max_turns: int = 10,
+        keep_think: bool = True,
+        template: ReActTemplate | None = None,
+        max_action_chars: int = 32_768,
+        max_observation_chars: int = 200_000,
+        max_calls_per_response: int = 64,
+    ) -> None:
+        chosen = (categories,) if isinstance(categories, str) else tuple(categories)
+        unknown = [category for category in chosen if category not in CATEGORIES]
+        if not chosen or unknown:
+            raise ValueError(f"categories must be a non-empty subset of {list(CATEGORIES)}, got {list(chosen)}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.categories = chosen
+        self.split = split
+        self.max_turns = max_turns
+        self.template = template if template is not None else ReActTemplate(keep_think=keep_think)
+        self.max_action_chars = max_action_chars
+        self.max_observation_chars = max_observation_chars
+        self.max_calls_per_response = max_calls_per_response
+        self.task_ids: tuple[str, ...] = tuple(task_ids(chosen, split))
+        self.observation_space = UnicodeText(max_observation_chars)
+        self.action_space = UnicodeText(max_action_chars)
+
+        self._order: list[str] = []
+        self._entry: Entry | None = None
+        self._backend: EpisodeBackend | None = None
+        self._done = True
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self._order = []  # same seed, same task order
+        task_id = (options or {}).get("task_id")
+        entry = get_entry(task_id) if task_id is not None else get_entry(self._next_task_id())
+
+        self._backend = None  # release the previous episode's state before building the next
+        self._entry = entry
+        self._backend = EpisodeBackend(entry)
+        self._user_turn = 0
+        self._turn = 0
+        self._done = False
+        self._calls_per_turn: list[list[list[str]]] = [[] for _ in range(entry.num_user_turns)]
+        held_back = {name for names in entry.revealed_functions.values() for name in names}
+        self._visible: dict[str, FunctionDoc] = {
+            doc.name: doc
+            for class_name in entry.involved_classes
+            for doc in function_docs()[class_name]
+            if doc.name not in held_back
+        }
+        system = system_prompt(self.template, self._visible.values(), self.max_turns)
+        first = self._open_user_turn()
+        self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+        return self._clip(system + "\n\n" + first), self._info()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._entry is None or self._backend is None or self._done:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        entry, backend = self._entry, self._backend
+        self._turn += 1
+        text = action if isinstance(action, str) else repr(action)
+        self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
+
+        decoded = decode_response(
+            action, self.template, max_chars=self.max_action_chars, max_calls=self.max_calls_per_response
+        )
+        if decoded.kind == "calls":
+            decoded = self._checked(decoded, backend)
+
+        terminated = False
+        reward = 0.0
+        executed: list[str] = []
+        check: CheckResult | None = None
+        if decoded.kind == "calls":
+            results = [backend.execute(call) for call in decoded.calls]
+            executed = [call.source for call in decoded.calls]
+            self._calls_per_turn[self._user_turn].append(executed)
+            observation = _results_observation(decoded.calls, results)
+        elif decoded.kind == "turn_end":
+            self._user_turn += 1
+            if self._user_turn == entry.num_user_turns:
+                terminated = True
+                check = check_episode(entry, self._calls_per_turn)
+                reward = 1.0 if check.valid else 0.0
+                observation = FINAL_OBSERVATION
+            else:
+                observation = self._open_user_turn()
+        else:
+            observation = (
+                f"Error: {decoded.error}. Nothing was run and your turn goes on. Write a call list like "
+                "[func_name(param=value)], or reply in plain text to end your turn."
+            )
+        truncated = not terminated and self._turn >= self.max_turns
+        if truncated:
+            check = CheckResult(
+                valid=False,
+                error_type="multi_turn:force_terminated",
+                error_message=f"the episode reached max_turns={self.max_turns} responses before the last user turn ended",
+                turn_results=["not_checked"] * entry.num_user_turns,
+            )
+        self._done = terminated or truncated
+        observation = self._clip(observation)
+        if not terminated:
+            self._messages.append({"role": "user", "content": observation})
+        info = self._info(decoded=decoded, executed=executed, check=check)
+        return observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self._backend = None
+        self._entry = None
+        self._done = True
+        super().close()
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def entry(self) -> Entry | None:
+        """The current episode's BFCL entry (with its ground truth: for scripted agents and tests)."""
+        return self._entry
+
+    def _next_task_id(self) -> str:
+        if not self._order:
+            self._order = [self.task_ids[index] for index in self.np_random.permutation(len(self.task_ids))]
+        return self._order.pop(0)
+
+    def _open_user_turn(self) -> str:
+        """The message that opens the current user turn; reveals held-back functions first."""
+        entry = self._entry
+        assert entry is not None
+        revealed = entry.revealed_functions.get(self._user_turn, ())
+        if revealed:
+            docs = {doc.name: doc for class_name in entry.involved_classes for doc in function_docs()[class_name]}
+            new_docs = [docs[name] for name in revealed if name in docs]
+            self._visible.update((doc.name, doc) for doc in new_docs)
+            message = reveal_message(new_docs)
+            user_text = entry.user_messages[self._user_turn]
+            return f"{message}\n\n{user_text}" if user_text else message
+        return entry.user_messages[self._user_turn]
+
+    def _checked(self, decoded: DecodedResponse, backend: EpisodeBackend) -> DecodedResponse:
+        """Refuse the whole response if any call is not a public method of the entry's backends or
+        is over a resource bound. Held-back miss_func functions are callable before they are
+        revealed, as in BFCL (whose ground truth sometimes calls them early)."""
+        try:
+            for call in decoded.calls:
+                backend.check_call(call)
+        except ActionError as error:
+            return DecodedResponse("error", error=str(error), thought=decoded.thought)
+        return decoded
+
+    def _clip(self, text: str) -> str:
+        limit = self.max_observation_chars
+        if len(text) <= limit:
+            return text
+        note = f"\n... [cut: {len(text)} characters in all]"
+        return text[: limit - len(note)] + note
+
+    def _clip_action(self, text: str) -> str:
+        limit = self.max_action_chars
+        if len(text) <= limit:
+            return text
+        return text[:limit] + f"\n... [response cut: {len(text)} characters in all]"
+
+    def _info(
+        self,
+        decoded: DecodedResponse | None = None,
+        executed: list[str] | None = None,
+        check: CheckResult | None = None,
+    ) -> dict[str, Any]:
+        entry = self._entry
+        assert entry is not None
+        info: dict[str, Any] = {
+            "task_id": entry.id,
+            "category": entry.category,
+            "turn": self._turn,
+            "user_turn": self._user_turn,
+            "num_user_turns": entry.num_user_turns,
+            "messages": [dict(message) for message in self._messages],
+            "success": bool(check is not None and check.valid),
+            "action_kind": decoded.kind if decoded is not None else None,
+            "action_error": decoded.error if decoded is not None else None,
+            "calls": list(executed or []),
+        }
+        if check is not None:
+            info.update(
+                turn_results=list(check.turn_results),
+                error_type=check.error_type,
+                error_message=check.error_message,
+                check_details=dict(check.details),
+            )
+        return info
+
+
+def _results_observation(calls: Sequence[Call], results: Sequence[str]) -> str:
+    lines = ["Results:"]
+    for index, (call, result) in enumerate(zip(calls, results), start=1):
+        lines.append(f"[{index}] {call.source} -> {result}")
+    return "\n".join(lines)
+
+
+def _category_env(category: str, kwargs: dict[str, Any]) -> BFCLEnv:
+    if "categories" in kwargs:
+        raise TypeError(f"this id is fixed to category {category!r}; use seeupo/BFCL-v4-v0 to choose categories")
+    return BFCLEnv(categories=(category,), **kwargs)
+
+
+def make_base(**kwargs: Any) -> BFCLEnv:
+    return _category_env("base", kwargs)
+
+
+def make_miss_func(**kwargs: Any) -> BFCLEnv:
+    return _category_env("miss_func", kwargs)
+
+
+def make_miss_param(**kwargs: Any) -> BFCLEnv:
+    return _category_env("miss_param", kwargs)
+
+
+def make_long_context(**kwargs: Any) -> BFCLEnv:
+    return _category_env("long_context", kwargs)
