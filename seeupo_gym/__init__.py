@@ -13,7 +13,13 @@ from seeupo_gym.spaces import UnicodeText
 __all__ = ["UnicodeText"]
 
 # id -> "module:Class". Later envs add one line here.
-_ENVS: dict[str, str] = {}
+_ENVS: dict[str, str] = {
+    "seeupo/BFCL-v4-v0": "seeupo_gym.bfcl.env:BFCLEnv",
+    "seeupo/BFCL-v4-base-v0": "seeupo_gym.bfcl.env:make_base",
+    "seeupo/BFCL-v4-miss-func-v0": "seeupo_gym.bfcl.env:make_miss_func",
+    "seeupo/BFCL-v4-miss-param-v0": "seeupo_gym.bfcl.env:make_miss_param",
+    "seeupo/BFCL-v4-long-context-v0": "seeupo_gym.bfcl.env:make_long_context",
+}
 
 for _env_id, _entry_point in _ENVS.items():
     if _env_id not in registry:
