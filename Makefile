@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 
-.PHONY: venv appworld-venv test test-slow clean
+.PHONY: venv appworld-venv appworld-mini test test-slow clean
 
 venv: $(VENV)/.installed
 
@@ -33,10 +33,17 @@ $(AW_VENV)/.installed:
 	$(AW_VENV)/bin/appworld install
 	touch $@
 
-test: venv appworld-venv
+# The offline AppWorld task set, built with the real engine into git-ignored data/.
+AW_MINI := data/appworld-mini
+appworld-mini: $(AW_MINI)/.built
+
+$(AW_MINI)/.built: $(AW_VENV)/.installed seeupo_gym/appworld/_build_mini.py
+	$(AW_VENV)/bin/python -P seeupo_gym/appworld/_build_mini.py $(AW_MINI)
+
+test: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q
 
-test-slow: venv appworld-venv
+test-slow: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q -m slow
 
 clean:
