@@ -1,0 +1,148 @@
+"""Bad and hostile responses to seeupo/BFCL-v4-v0: never a crash, never executed."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import seeupo_gym  # noqa: F401
+from seeupo_gym.bfcl import get_entry, render_action, render_turn_end
+from seeupo_gym.bfcl.calls import ActionError, Call, decode_response, looks_like_calls, parse_call_list
+
+CANARY = "CANARY"
+
+
+def hostile_actions(canary: str) -> dict[str, object]:
+    touch = f"__import__('os').system('touch {canary}')"
+    return {
+        "empty": "",
+        "whitespace": "  \n\t ",
+        "think only": "<think>nothing to do</think>",
+        "unclosed think": "<think>I will call [ls()] now",
+        "one megabyte": "[ls(a=True)]" + "x" * 1_000_000,
+        "invalid utf-8 replaced": b"\xff\xfe[ls(a=True)]\x80\x81".decode("utf-8", errors="replace"),
+        "nul bytes": "[ls(a=True)]\x00\x01",
+        "unbalanced": "<think>x</think>\n[cd(folder='document')",
+        "unbalanced quotes": "[cd(folder='document)]",
+        "unknown function": "[rm_everything(path='/')]",
+        "builtin function": "[open('/etc/passwd')]",
+        "eval": f"[eval(\"{touch}\")]",
+        "exec": f"[exec(\"{touch}\")]",
+        "import bare": touch,
+        "import in list": f"[{touch}]",
+        "import as argument": f"[cd(folder={touch})]",
+        "import in nested literal": f"[cd(folder=[1, {{'k': {touch}}}])]",
+        "dunder call": "[__import__('os')]",
+        "private method": "[_load_scenario({}, False)]",
+        "dunder attribute": "[cd.__globals__()]",
+        "attribute call": "[os.system('touch CANARY')]",
+        "class method path": "[GorillaFileSystem.ls(a=True)]",
+        "getattr": "[getattr(cd, '__globals__')]",
+        "lambda argument": "[cd(folder=(lambda: 'x')())]",
+        "method on literal": "[cd(folder=''.join(['a']))]",
+        "subscript": "[cd(folder={'a': 'b'}['a'])]",
+        "arithmetic": "[cd(folder=2**100)]",
+        "name argument": "[cd(folder=document)]",
+        "starred": "[cd(*['document'])]",
+        "double starred": "[cd(**{'folder': 'document'})]",
+        "dunder keyword": "[cd(__class__='x')]",
+        "comprehension": "[cd(folder=x) for x in ['a']]",
+        "walrus": "[cd(folder=(x := 'a'))]",
+        "deep nesting": "[cd(folder=" + "[" * 5000 + "]" * 5000 + ")]",
+        "huge int": "[cd(folder=" + "9" * 5000 + ")]",
+        "infinite float": "[cd(folder=1e999)]",
+        "bytes literal": "[cd(folder=b'x')]",
+        "too many calls": "[" + ", ".join(["pwd()"] * 100) + "]",
+        "repeated keyword": "[cd(folder='a', folder='b')]",
+        "not a string": None,
+    }
+
+
+@pytest.fixture
+def env():
+    return gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all", max_turns=1_000)
+
+
+@pytest.mark.parametrize("name", list(hostile_actions(CANARY)))
+def test_bad_action_is_an_error_observation_that_runs_nothing(env, name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    canary = tmp_path / CANARY
+    action = hostile_actions(str(canary))[name]
+    env.reset(options={"task_id": "multi_turn_base_0"})
+    observation, reward, terminated, truncated, info = env.step(action)
+    assert info["action_kind"] == "error", info
+    assert observation.startswith("Error:") and info["action_error"]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert (info["turn"], info["user_turn"], info["calls"]) == (1, 0, [])
+    assert env.observation_space.contains(observation)
+    assert info["messages"][-2]["role"] == "assistant" and len(info["messages"][-2]["content"]) < 40_000
+    assert not canary.exists() and not (tmp_path / CANARY).exists()
+
+
+def test_resource_bounds_refuse_runaway_math_before_it_runs():
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all")
+    task_id = next(t for t in (f"multi_turn_base_{i}" for i in range(200)) if "MathAPI" in get_entry(t).involved_classes)
+    env.reset(options={"task_id": task_id})
+    for call in ["power(base=9, exponent=1000000000)", "square_root(number=2, precision=10000000)",
+                 "logarithm(value=2, base=10, precision=10000000)"]:
+        *_, info = env.step(render_action([call]))
+        assert info["action_kind"] == "error" and "at most" in info["action_error"]
+    *_, info = env.step(render_action(["power(base=2, exponent=10)"]))
+    assert info["action_kind"] == "calls"
+
+
+def test_hostile_responses_between_ground_truth_calls_change_nothing(tmp_path, monkeypatch):
+    """Every hostile response in the middle of a ground-truth replay: still scores 1.0."""
+    monkeypatch.chdir(tmp_path)
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all", max_turns=1_000)
+    entry = get_entry("multi_turn_base_0")
+    env.reset(options={"task_id": entry.id})
+    hostile = list(hostile_actions(str(tmp_path / CANARY)).values())
+    errors = 0
+    for calls in entry.ground_truth:
+        for action in hostile:
+            *_, info = env.step(action)
+            errors += info["action_kind"] == "error"
+        env.step(render_action(list(calls)))
+        _, reward, terminated, _, info = env.step(render_turn_end("Done."))
+    assert errors == len(hostile) * len(entry.ground_truth)
+    assert terminated and reward == 1.0
+    assert not (tmp_path / CANARY).exists()
+
+
+def test_call_lists_that_look_like_calls_but_are_text_end_nothing():
+    assert looks_like_calls("[ls(a=True)]") and looks_like_calls("ls()") and looks_like_calls("[ ]")
+    assert looks_like_calls("```python\n[ls()]\n```") and looks_like_calls("os.system('x')")
+    assert not looks_like_calls("Done (nothing to do).")
+    assert not looks_like_calls("[Note] the file is gone")
+    assert not looks_like_calls("The answer is 42.")
+
+
+def test_parse_keeps_literal_values_and_rebuilds_the_same_call():
+    (call,) = parse_call_list("[edit_ticket(7, updates={'priority': -3, 'tags': ['a', (1, 2.5)], 'x': None})]")
+    assert call == Call("edit_ticket", (7,), (("updates", {"priority": -3, "tags": ["a", (1, 2.5)], "x": None}),))
+    assert parse_call_list(f"[{call.source}]") == (call,)
+    assert Call("echo", (), (("content", "it's \"quoted\"\n"),)).source == "echo(content='it\\'s \"quoted\"\\n')"
+
+
+def test_parse_errors_say_what_was_wrong():
+    with pytest.raises(ActionError, match="bare name"):
+        parse_call_list("[cd(folder=document)]")
+    with pytest.raises(ActionError, match="literal"):
+        parse_call_list("[cd(folder=len('x'))]")
+    with pytest.raises(ActionError, match="syntax"):
+        parse_call_list("[cd(folder='x'")
+
+
+def test_render_action_and_render_turn_end_round_trip_through_decode():
+    response = render_action(["cd(folder='document')", "mv(source='a', destination='b')"], thought="move it")
+    decoded = decode_response(response)
+    assert decoded.kind == "calls" and decoded.thought == "move it"
+    assert [call.source for call in decoded.calls] == ["cd(folder='document')", "mv(source='a', destination='b')"]
+    assert decode_response(render_turn_end("All done.")).kind == "turn_end"
+    with pytest.raises(ValueError):
+        render_turn_end("[ls()]")
+    with pytest.raises(ValueError):
+        render_action([])
+    with pytest.raises(ActionError):
+        render_action(["ls(a=__import__('os'))"])
