@@ -68,7 +68,6 @@ class SamplingConfig:
     max_new_tokens: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0
 
 
 @dataclass
