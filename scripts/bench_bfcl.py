@@ -1,0 +1,162 @@
+"""Benchmark seeupo/BFCL-v4-v0: import time, step overhead vs BFCL's executor, replay speed, memory.
+
+    .venv/bin/python scripts/bench_bfcl.py [--memory-episodes 1000]
+
+Prints:
+- how many entries per category can finish within 10 responses at all (one call list per turn
+  with expected calls + one turn-ending reply per turn);
+- import / first-env times (fresh interpreters);
+- step overhead: env.step on each ground-truth call list vs BFCL's own
+  `execute_multi_turn_func_call` on the same calls (backends already built in both);
+- ground-truth replay episodes per second through gym.make (the checker included);
+- RSS growth over N replayed episodes after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import subprocess
+import sys
+import time
+import uuid
+
+import gymnasium as gym
+import psutil
+
+import seeupo_gym  # noqa: F401
+from seeupo_gym.bfcl import CATEGORIES, load_category, render_action, render_turn_end
+
+
+def fresh_interpreter_seconds(code: str, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def completable_within(limit: int) -> dict[str, str]:
+    return {
+        category: f"{sum(entry.min_responses <= limit for entry in load_category(category))}/{len(load_category(category))}"
+        for category in CATEGORIES
+    }
+
+
+def replay_script(entry) -> list[str]:
+    actions = []
+    for calls in entry.ground_truth:
+        if calls:
+            actions.append(render_action(list(calls)))
+        actions.append(render_turn_end("Done."))
+    return actions
+
+
+def step_overhead(rounds: int) -> tuple[float, float, int]:
+    """Seconds in env.step for call steps vs in BFCL's executor for the same calls (best of rounds)."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    env = gym.make("seeupo/BFCL-v4-v0", categories=list(CATEGORIES), split="all", max_turns=1_000)
+    entries = [entry for category in CATEGORIES for entry in load_category(category)]
+    best_env = best_bfcl = float("inf")
+    steps = 0
+    for _ in range(rounds):
+        env_seconds = bfcl_seconds = 0.0
+        steps = 0
+        for entry in entries:
+            env.reset(options={"task_id": entry.id})
+            for calls in entry.ground_truth:
+                if calls:
+                    action = render_action(list(calls))
+                    start = time.perf_counter()
+                    env.step(action)
+                    env_seconds += time.perf_counter() - start
+                    steps += 1
+                env.step(render_turn_end("Done."))
+        for entry in entries:
+            model_name = f"bench_{uuid.uuid4().hex}"
+            kwargs = dict(
+                initial_config=entry.raw["initial_config"],
+                involved_classes=list(entry.involved_classes),
+                model_name=model_name,
+                test_entry_id=entry.id,
+                long_context=entry.long_context,
+            )
+            multi_turn_utils.execute_multi_turn_func_call([], **kwargs)  # builds the instances, untimed
+            for calls in entry.ground_truth:
+                if calls:
+                    start = time.perf_counter()
+                    multi_turn_utils.execute_multi_turn_func_call(list(calls), **kwargs)
+                    bfcl_seconds += time.perf_counter() - start
+            cache = vars(multi_turn_utils)
+            for key in [key for key in cache if key.startswith(model_name)]:
+                del cache[key]
+        best_env, best_bfcl = min(best_env, env_seconds), min(best_bfcl, bfcl_seconds)
+    return best_env, best_bfcl, steps
+
+
+def replay_speed() -> tuple[float, int, int]:
+    env = gym.make("seeupo/BFCL-v4-v0", categories=list(CATEGORIES), split="all", max_turns=1_000)
+    entries = [entry for category in CATEGORIES for entry in load_category(category)]
+    solved = 0
+    start = time.perf_counter()
+    for entry in entries:
+        env.reset(options={"task_id": entry.id})
+        for action in replay_script(entry):
+            _, reward, terminated, truncated, _ = env.step(action)
+        solved += reward == 1.0
+    return time.perf_counter() - start, len(entries), solved
+
+
+def memory_growth(episodes: int, warmup: int = 100) -> tuple[float, float]:
+    env = gym.make("seeupo/BFCL-v4-v0", categories=list(CATEGORIES), split="all", max_turns=1_000)
+    entries = itertools.cycle([entry for category in CATEGORIES for entry in load_category(category)])
+    process = psutil.Process()
+
+    def run(count: int) -> None:
+        for entry in itertools.islice(entries, count):
+            env.reset(options={"task_id": entry.id})
+            for action in replay_script(entry):
+                env.step(action)
+
+    run(warmup)
+    gc.collect()
+    before = process.memory_info().rss / 2**20
+    run(episodes)
+    gc.collect()
+    after = process.memory_info().rss / 2**20
+    env.close()
+    return before, after
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--memory-episodes", type=int, default=1_000)
+    parser.add_argument("--overhead-rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    print("entries that can finish within 10 responses:", completable_within(10))
+    import_seconds = fresh_interpreter_seconds("import seeupo_gym")
+    make_seconds = fresh_interpreter_seconds(
+        "import gymnasium as gym, seeupo_gym; gym.make('seeupo/BFCL-v4-v0').reset(seed=0)"
+    )
+    print(f"import seeupo_gym: {import_seconds:.2f} s; import + gym.make + first reset: {make_seconds:.2f} s "
+          "(fresh interpreters, best of 3)")
+
+    env_seconds, bfcl_seconds, steps = step_overhead(args.overhead_rounds)
+    print(f"call steps: {steps}; env.step {1e6 * env_seconds / steps:.0f} us/step vs BFCL executor "
+          f"{1e6 * bfcl_seconds / steps:.0f} us/step; ratio {env_seconds / bfcl_seconds:.2f}")
+
+    seconds, count, solved = replay_speed()
+    print(f"ground-truth replay: {count} episodes in {seconds:.2f} s = {count / seconds:.0f} episodes/s "
+          f"({solved}/{count} scored 1.0)")
+
+    before, after = memory_growth(args.memory_episodes)
+    print(f"memory over {args.memory_episodes} episodes: RSS {before:.1f} -> {after:.1f} MiB "
+          f"(growth {after - before:+.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
