@@ -146,3 +146,17 @@ def test_render_action_and_render_turn_end_round_trip_through_decode():
         render_action([])
     with pytest.raises(ActionError):
         render_action(["ls(a=__import__('os'))"])
+
+
+def test_math_calls_leave_the_process_precision_alone():
+    import decimal
+
+    import mpmath
+
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all")
+    task_id = next(t for t in (f"multi_turn_base_{i}" for i in range(200)) if "MathAPI" in get_entry(t).involved_classes)
+    env.reset(options={"task_id": task_id})
+    before = (decimal.getcontext().prec, mpmath.mp.dps)
+    observation, *_ = env.step(render_action(["square_root(number=2, precision=50)", "logarithm(value=8, base=2, precision=40)"]))
+    assert "1.4142135623730950488016887242096980785696718753769" in observation
+    assert (decimal.getcontext().prec, mpmath.mp.dps) == before

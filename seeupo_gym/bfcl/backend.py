@@ -14,13 +14,15 @@ create no folders (`bfcl_eval.utils` / `model_handler` / `constants.eval_config`
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import decimal
 import importlib
 import inspect
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from seeupo_gym.bfcl.calls import ActionError, Call
 from seeupo_gym.bfcl.data import Entry
@@ -104,10 +106,27 @@ class EpisodeBackend:
 
     def execute(self, call: Call) -> str:
         """Run one checked call; errors come back as text, as in BFCL's executor."""
+        with self._math_precision_kept():
+            try:
+                return format_result(self._methods[call.name](*call.args, **dict(call.kwargs)))
+            except Exception as error:  # a backend error is an observation, never a crash
+                return f"Error during execution: {error}"
+
+    @contextlib.contextmanager
+    def _math_precision_kept(self) -> Iterator[None]:
+        """MathAPI sets decimal's and mpmath's precision for the whole thread/process; undo it
+        after the call (and after its result is formatted) so other code is not affected."""
+        if "MathAPI" not in self.instances:
+            yield
+            return
+        import mpmath
+
+        dps = mpmath.mp.dps
         try:
-            return format_result(self._methods[call.name](*call.args, **dict(call.kwargs)))
-        except Exception as error:  # a backend error is an observation, never a crash
-            return f"Error during execution: {error}"
+            with decimal.localcontext():
+                yield
+        finally:
+            mpmath.mp.dps = dps
 
 
 @dataclass
