@@ -26,7 +26,7 @@ import gymnasium as gym
 import psutil
 
 import seeupo_gym  # noqa: F401
-from seeupo_gym.bfcl import CATEGORIES, load_category, render_action, render_turn_end
+from seeupo_gym.bfcl import CATEGORIES, load_category, render_action, render_turn_end, task_ids
 
 
 def fresh_interpreter_seconds(code: str, repeats: int = 3) -> float:
@@ -38,11 +38,13 @@ def fresh_interpreter_seconds(code: str, repeats: int = 3) -> float:
     return best
 
 
-def completable_within(limit: int) -> dict[str, str]:
-    return {
-        category: f"{sum(entry.min_responses <= limit for entry in load_category(category))}/{len(load_category(category))}"
-        for category in CATEGORIES
-    }
+def completable_within(limit: int, split: str = "all") -> dict[str, str]:
+    counts = {}
+    for category in CATEGORIES:
+        ids = set(task_ids([category], split))
+        entries = [entry for entry in load_category(category) if entry.id in ids]
+        counts[category] = f"{sum(entry.min_responses <= limit for entry in entries)}/{len(entries)}"
+    return counts
 
 
 def replay_script(entry) -> list[str]:
@@ -137,7 +139,8 @@ def main() -> None:
     parser.add_argument("--overhead-rounds", type=int, default=3)
     args = parser.parse_args()
 
-    print("entries that can finish within 10 responses:", completable_within(10))
+    for split in ("all", "train", "test"):
+        print(f"entries that can finish within 10 responses ({split}):", completable_within(10, split))
     import_seconds = fresh_interpreter_seconds("import seeupo_gym")
     make_seconds = fresh_interpreter_seconds(
         "import gymnasium as gym, seeupo_gym; gym.make('seeupo/BFCL-v4-v0').reset(seed=0)"
