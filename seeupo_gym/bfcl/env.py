@@ -14,6 +14,10 @@ Episode = one BFCL entry; one step = one model response.
 - `max_turns` bounds the responses of the whole episode (the paper uses 10). Reaching it
   before the last user turn ends truncates the episode with reward 0.0, as BFCL fails
   force-terminated entries.
+
+Vectorized: `gym.make_vec(..., vectorization_mode="async", vector_kwargs={"shared_memory": False})`.
+Gymnasium's shared-memory path reads text observations once at start-up, so with it the
+observations would never change.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class BFCLEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------ gym API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: `options={"task_id": ...}` picks any BFCL v4 multi-turn id (also outside
+        the env's split); otherwise the next id of a seeded shuffle of the split, each id once per pass."""
         super().reset(seed=seed)
         if seed is not None:
             self._order = []  # same seed, same task order
