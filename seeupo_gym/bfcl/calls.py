@@ -158,7 +158,9 @@ def parse_call_list(action: str, *, max_calls: int = 64) -> tuple[Call, ...]:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as error:
-        raise ActionError(f"the call list is not valid Python syntax ({error.msg})") from None
+        raise ActionError(
+            f"the call list is not valid Python syntax ({error.msg}); write only the list, e.g. [func(a=1)]"
+        ) from None
     except (ValueError, RecursionError, MemoryError, OverflowError) as error:
         raise ActionError(f"the call list cannot be parsed ({type(error).__name__})") from None
     if not isinstance(tree.body, ast.List):
