@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar
 
@@ -72,6 +72,14 @@ class AlgorithmConfig:
     epochs: int = 1
     minibatch_size: int = 64
 
+    def __post_init__(self) -> None:
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip_low/clip_high must be >= 0, got {self.clip_low}/{self.clip_high}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.epochs < 1 or self.minibatch_size < 1:
+            raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}/{self.minibatch_size}")
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "AlgorithmConfig":
         known = {f.name for f in fields(cls)}
@@ -86,6 +94,24 @@ class AlgorithmConfig:
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
 
 
+@dataclass
+class UpdatePhase:
+    """One sub-update of a step: which samples were updated, with which weights, in which order.
+
+    GRPO/GSPO/PPO have one phase per step covering every turn (`turn=None`); SeeUPO has one
+    per turn pool D_t, in its update order. Tests and logs read `Algorithm.schedule`.
+    """
+
+    turn: int | None
+    rollout_ids: tuple[str, ...]
+    # Advantage weight per rollout_id used in this phase (SeeUPO: M_i before the phase).
+    weights: dict[str, float]
+    optimizer_steps: int
+    # SeeUPO: s(y_{i,t}) under the parameters after this phase, by rollout_id (the factor M_i
+    # was multiplied by); empty when not computed (e.g. after the last phase of a step).
+    ratios_after: dict[str, float] = field(default_factory=dict)
+
+
 class Algorithm(ABC):
     """An RL update rule. Subclasses set `config_class` and implement `update`."""
 
@@ -94,7 +120,12 @@ class Algorithm(ABC):
     needs_value_model: ClassVar[bool] = False
     name: ClassVar[str] = ""
 
-    def __init__(self, config: AlgorithmConfig | dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: AlgorithmConfig | dict[str, Any] | None = None,
+        *,
+        on_phase: Callable[[UpdatePhase], None] | None = None,
+    ) -> None:
         if config is None:
             config = self.config_class()
         elif isinstance(config, dict):
@@ -102,6 +133,14 @@ class Algorithm(ABC):
         elif not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
+        # The phases of the latest `update`, in order; `on_phase` sees each as it completes.
+        self.schedule: list[UpdatePhase] = []
+        self.on_phase = on_phase
+
+    def record_phase(self, phase: UpdatePhase) -> None:
+        self.schedule.append(phase)
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     @abstractmethod
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:

@@ -1,0 +1,321 @@
+"""Shared parts of every algorithm (DESIGN section 5), each defined once.
+
+The first half are pure functions, tensors in and tensors out: advantages, ratios, the
+clipped objective, the k3 KL, loss aggregation, GAE and the value loss. The second half is
+the small amount of glue the algorithm modules share: per-trajectory advantages of a batch,
+logprobs recomputed at the start of a step keyed by sample, minibatching, and the two policy
+losses (token-level and sequence-level) assembled from the pure parts.
+
+Shapes: `[n, L]` tensors are per-token, right-padded, with a boolean `mask` of real tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from algorithms.base import Learner, TokenLogprobs
+from algorithms.rollout import RolloutBatch, TurnSample
+
+NORMALIZATIONS = ("none", "group", "batch")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+EPS = 1e-6
+
+# ---------------------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------------------
+
+
+def _std(x: torch.Tensor) -> torch.Tensor:
+    # Unbiased (Bessel) like verl's GRPO; a single element has no spread, so std 0.
+    return x.std() if x.numel() > 1 else x.new_zeros(())
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, normalization: str = "group", eps: float = EPS
+) -> torch.Tensor:
+    """GRAE, one advantage per trajectory: `A_i = R_i - mean_{j in group(i)} R_j`, then normalized.
+
+    normalization: `none`; `group`: `A_i / (std_group(i)(R) + eps)`; `batch`:
+    `(A_i - mean(A)) / (std(A) + eps)` over the N trajectories given (never padded turn samples).
+    rewards [N] float, group_index [N] long.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r}; choose one of {NORMALIZATIONS}")
+    rewards = rewards.to(torch.float64)
+    advantages = torch.empty_like(rewards)
+    group_std = torch.empty_like(rewards)
+    for g in torch.unique(group_index):
+        members = group_index == g
+        advantages[members] = rewards[members] - rewards[members].mean()
+        group_std[members] = _std(rewards[members])
+    if normalization == "group":
+        advantages = advantages / (group_std + eps)
+    elif normalization == "batch":
+        advantages = (advantages - advantages.mean()) / (_std(advantages) + eps)
+    return advantages
+
+
+def token_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`rho = exp(l_new - l_old)` per token; 1 at padding."""
+    return torch.exp(torch.where(mask, logp_new - logp_old, torch.zeros_like(logp_new)))
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean over real tokens (of each row when dim=-1); 0 where a row has none."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def sequence_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's length-normalized sequence ratio `s(y) = exp(mean_tokens(l_new - l_old))`, [n]."""
+    return torch.exp(masked_mean(logp_new - logp_old, mask, dim=-1))
+
+
+def clipped_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """`clip_obj(r, A) = min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)`, elementwise (to be maximized)."""
+    return torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages)
+
+
+def clip_fraction(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+    """Elementwise 1.0 where the clipped branch is the active (gradient-free) one."""
+    clipped = ((ratio < 1.0 - clip_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
+    return clipped.to(ratio.dtype)
+
+
+def kl_k3(logp_new: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token: `exp(l_ref - l_new) - (l_ref - l_new) - 1` (>= 0)."""
+    log_ratio = logp_ref - logp_new
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce per-token values [n, L] to a scalar.
+
+    token-mean: every real token of the minibatch weighs the same;
+    seq-mean-token-mean: mean over samples of each sample's token mean;
+    seq-mean-token-sum: mean over samples of each sample's token sum.
+    """
+    if mode == "token-mean":
+        return masked_mean(values, mask)
+    if mode == "seq-mean-token-mean":
+        return masked_mean(values, mask, dim=-1).mean()
+    if mode == "seq-mean-token-sum":
+        return (values * mask.to(values.dtype)).sum(-1).mean()
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGGREGATIONS}")
+
+
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation along each row's real tokens; returns (advantages, returns).
+
+    Rows are whole trajectories: the response tokens of all turns in order, left-aligned (observation
+    tokens are not timesteps). The step after a row's last real token is terminal (value 0).
+    `delta_j = r_j + gamma V_{j+1} - V_j`, `A_j = delta_j + gamma lam A_{j+1}`, `returns = A + V`.
+    """
+    n, length = values.shape
+    real = mask.to(values.dtype)
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(n)
+    next_advantage = values.new_zeros(n)
+    for j in reversed(range(length)):
+        delta = token_rewards[:, j] + gamma * next_value - values[:, j]
+        advantages[:, j] = (delta + gamma * lam * next_advantage) * real[:, j]
+        # Padding passes the terminal zeros through to the last real token.
+        next_value = torch.where(mask[:, j], values[:, j], next_value)
+        next_advantage = torch.where(mask[:, j], advantages[:, j], next_advantage)
+    returns = (advantages + values) * real
+    return advantages, returns
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """PPO's clipped value loss, token-mean: `0.5 max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2)`."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    losses = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(losses, mask)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` over real tokens (unbiased std); 0 at padding."""
+    real = values[mask]
+    std = real.std() if real.numel() > 1 else real.new_zeros(())
+    return torch.where(mask, (values - real.mean()) / (std + eps), torch.zeros_like(values))
+
+
+# ---------------------------------------------------------------------------------------
+# Glue shared by the algorithm modules
+# ---------------------------------------------------------------------------------------
+
+SampleKey = tuple[str, int]  # (rollout_id, turn)
+
+
+def sample_key(sample: TurnSample) -> SampleKey:
+    return (sample.rollout_id, sample.t)
+
+
+def trajectory_advantages(batch: RolloutBatch, normalization: str) -> dict[str, float]:
+    """GRAE advantage of every trajectory of the batch, keyed by rollout_id (groups = group_id)."""
+    ids = batch.rollout_ids
+    group_names = {name: k for k, name in enumerate(batch.groups())}
+    rewards = torch.tensor([batch[rid].reward for rid in ids], dtype=torch.float64)
+    groups = torch.tensor([group_names[batch[rid].group_id] for rid in ids])
+    advantages = group_advantages(rewards, groups, normalization)
+    return dict(zip(ids, advantages.tolist()))
+
+
+def pad_rows(rows: Sequence[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack 1-D tensors right-padded with zeros to `length`."""
+    out = torch.zeros(len(rows), length, dtype=rows[0].dtype if rows else torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row
+    return out
+
+
+def _split(tokens: TokenLogprobs) -> list[torch.Tensor]:
+    # Kept on the CPU: a step's frozen logprobs are small and outlive the minibatch.
+    return [row[m].float().cpu() for row, m in zip(tokens.logprobs.detach(), tokens.mask)]
+
+
+def frozen_logprobs(
+    learner: Learner, samples: Sequence[TurnSample], chunk_size: int, *, reference: bool = False
+) -> dict[SampleKey, torch.Tensor]:
+    """Logprobs of every sample under the current (or, with reference=True, the reference) policy,
+    without autograd, computed in chunks and keyed by (rollout_id, turn) so that any later
+    reordering of the samples finds its own row."""
+    out: dict[SampleKey, torch.Tensor] = {}
+    for start in range(0, len(samples), chunk_size):
+        chunk = samples[start : start + chunk_size]
+        with torch.no_grad():
+            tokens = learner.ref_logprobs(chunk) if reference else learner.logprobs(chunk, grad=False)
+        for sample, row in zip(chunk, _split(tokens)):
+            out[sample_key(sample)] = row
+    return out
+
+
+def gather(table: dict[SampleKey, torch.Tensor], samples: Sequence[TurnSample], like: torch.Tensor) -> torch.Tensor:
+    """The rows of `table` for `samples`, in their order, padded to `like`'s length, on its device and dtype."""
+    return pad_rows([table[sample_key(s)] for s in samples], like.shape[1]).to(device=like.device, dtype=like.dtype)
+
+
+def per_sample(weights: dict[str, float], samples: Sequence[TurnSample], like: torch.Tensor) -> torch.Tensor:
+    """Each sample's trajectory weight (advantage, M) looked up by rollout_id, [n] on `like`'s device."""
+    return torch.tensor([weights[s.rollout_id] for s in samples], dtype=like.dtype, device=like.device)
+
+
+def frozen_sequence_ratios(
+    new: dict[SampleKey, torch.Tensor], old: dict[SampleKey, torch.Tensor], samples: Sequence[TurnSample]
+) -> torch.Tensor:
+    """`s(y)` of each sample from two tables of frozen logprobs, [n] (no autograd)."""
+    rows_new = [new[sample_key(s)] for s in samples]
+    length = max((r.numel() for r in rows_new), default=0)
+    mask = pad_rows([torch.ones(r.numel(), dtype=torch.bool) for r in rows_new], length).bool()
+    return sequence_ratio(pad_rows(rows_new, length), pad_rows([old[sample_key(s)] for s in samples], length), mask)
+
+
+def minibatches(
+    samples: Sequence[TurnSample], size: int, epochs: int, generator: torch.Generator
+) -> Iterator[list[TurnSample]]:
+    """`epochs` passes over `samples`, each in a fresh random order, cut into minibatches of `size`."""
+    for _ in range(epochs):
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        for start in range(0, len(order), size):
+            yield [samples[k] for k in order[start : start + size]]
+
+
+@dataclass
+class LossStats:
+    """Detached diagnostics of one minibatch loss."""
+
+    policy_loss: float
+    kl: float
+    clipfrac: float
+    ratio_mean: float
+
+
+def token_policy_loss(
+    new: TokenLogprobs,
+    old: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    ref: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    loss_agg: str = "token-mean",
+) -> tuple[torch.Tensor, LossStats]:
+    """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg k3`.
+
+    advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
+    """
+    mask = new.mask
+    ratio = token_ratio(new.logprobs, old, mask)
+    objective = clipped_objective(ratio, advantages, clip_low, clip_high)
+    loss = -aggregate(objective, mask, loss_agg)
+    kl = torch.zeros(())
+    if ref is not None and kl_coef > 0:
+        kl = aggregate(kl_k3(new.logprobs, ref), mask, loss_agg)
+        loss = loss + kl_coef * kl
+    stats = LossStats(
+        policy_loss=float(-aggregate(objective.detach(), mask, loss_agg)),
+        kl=float(kl.detach()),
+        clipfrac=float(masked_mean(clip_fraction(ratio.detach(), advantages, clip_low, clip_high), mask)),
+        ratio_mean=float(masked_mean(ratio.detach(), mask)),
+    )
+    return loss, stats
+
+
+def sequence_policy_loss(
+    new: TokenLogprobs,
+    old: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    ref: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, LossStats]:
+    """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_samples clip_obj(s(y), w)` + KL.
+
+    weights [n]: the per-sample advantage (GSPO: A_i; SeeUPO: M_i). The KL is each sample's token
+    mean of k3, averaged over samples, so it weighs every sample like the surrogate does.
+    """
+    mask = new.mask
+    ratio = sequence_ratio(new.logprobs, old, mask)
+    objective = clipped_objective(ratio, weights, clip_low, clip_high)
+    loss = -objective.mean()
+    kl = torch.zeros(())
+    if ref is not None and kl_coef > 0:
+        kl = aggregate(kl_k3(new.logprobs, ref), mask, "seq-mean-token-mean")
+        loss = loss + kl_coef * kl
+    stats = LossStats(
+        policy_loss=float(-objective.detach().mean()),
+        kl=float(kl.detach()),
+        clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).mean()),
+        ratio_mean=float(ratio.detach().mean()),
+    )
+    return loss, stats
+
+
+def mean_stats(stats: Sequence[LossStats], optimizer_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Average minibatch diagnostics into step metrics."""
+    if not stats:
+        return {"optimizer_steps": 0.0}
+    out = {
+        name: sum(getattr(s, name) for s in stats) / len(stats)
+        for name in ("policy_loss", "kl", "clipfrac", "ratio_mean")
+    }
+    keys = {k for m in optimizer_metrics for k in m}
+    for key in sorted(keys):
+        vals = [m[key] for m in optimizer_metrics if key in m]
+        out[key] = sum(vals) / len(vals)
+    out["optimizer_steps"] = float(len(stats))
+    return out

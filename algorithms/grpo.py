@@ -1,0 +1,65 @@
+"""GRPO, token-level (DESIGN section 5).
+
+`A_i` = GRAE of trajectory i, group-normalized, broadcast to every response token of every turn
+of trajectory i; all turns are updated together with `-agg_tokens clip_obj(rho, A_i)` + KL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms import core
+from algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from algorithms.rollout import RolloutBatch
+
+
+@dataclass
+class GRPOConfig(AlgorithmConfig):
+    # GRAE normalization: none | group | batch (DESIGN: group).
+    normalization: str = "group"
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.normalization not in core.NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {core.NORMALIZATIONS}, got {self.normalization!r}")
+        if self.loss_agg not in core.LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_agg must be one of {core.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+
+
+@register_algorithm("grpo")
+class GRPO(Algorithm):
+    config_class = GRPOConfig
+    config: GRPOConfig
+
+    def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
+        cfg = self.config
+        self.schedule = []
+        advantages = core.trajectory_advantages(batch, cfg.normalization)
+        samples = batch.samples()
+        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size)
+        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+
+        stats, opt_metrics = [], []
+        for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
+            new = learner.logprobs(minibatch)
+            # A_i broadcast to every response token of the sample.
+            token_advantages = core.per_sample(advantages, minibatch, new.logprobs).unsqueeze(1).expand_as(new.logprobs)
+            loss, stat = core.token_policy_loss(
+                new,
+                core.gather(old, minibatch, new.logprobs),
+                token_advantages,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
+                kl_coef=cfg.kl_coef,
+                loss_agg=cfg.loss_agg,
+            )
+            opt_metrics.append(learner.optimize(loss))
+            stats.append(stat)
+
+        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(stats)))
+        return core.mean_stats(stats, opt_metrics)

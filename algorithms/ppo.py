@@ -1,0 +1,127 @@
+"""PPO with a critic (DESIGN section 5).
+
+The learner carries a value model (`learner.values`, one value per response token). Token-level
+GAE runs over each trajectory's response tokens of all turns in order (observation tokens are
+not timesteps), with the team reward R_i on the last response token of the last turn; gamma = 1,
+lambda = 1 by default. Advantages are whitened over the batch; the policy loss is the token-level
+clipped surrogate with `rho`, plus `vf_coef` x the clipped value loss, plus KL. One `optimize`
+call per minibatch steps the policy and the value model together (the learner's optimizer must
+hold both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms import core
+from algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from algorithms.rollout import RolloutBatch
+
+
+@dataclass
+class PPOConfig(AlgorithmConfig):
+    gamma: float = 1.0
+    lam: float = 1.0
+    vf_coef: float = 0.5
+    # Value clip range around the step-start values (verl's cliprange_value default).
+    value_clip: float = 0.5
+    whiten_advantages: bool = True
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}/{self.lam}")
+        if self.loss_agg not in core.LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_agg must be one of {core.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+
+
+def trajectory_gae(
+    batch: RolloutBatch, values: dict[core.SampleKey, torch.Tensor], gamma: float, lam: float
+) -> tuple[dict[core.SampleKey, torch.Tensor], dict[core.SampleKey, torch.Tensor]]:
+    """GAE advantages and returns per response token, keyed by sample: each trajectory's turns are
+    concatenated in order into one row, R_i sits on the row's last token."""
+    rows, keys = [], []
+    for trajectory in batch:
+        sample_keys = [(trajectory.rollout_id, t) for t in range(1, trajectory.num_turns + 1)]
+        rows.append(torch.cat([values[k] for k in sample_keys]) if sample_keys else torch.zeros(0))
+        keys.append(sample_keys)
+    length = max((r.numel() for r in rows), default=0)
+    value_rows = core.pad_rows(rows, length)
+    lengths = torch.tensor([r.numel() for r in rows])
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    rewards = torch.zeros_like(value_rows)
+    for i, trajectory in enumerate(batch):
+        if lengths[i] > 0:
+            rewards[i, lengths[i] - 1] = trajectory.reward
+    advantages, returns = core.gae(rewards, value_rows, mask, gamma, lam)
+    adv_out, ret_out = {}, {}
+    for i, sample_keys in enumerate(keys):
+        start = 0
+        for k in sample_keys:
+            n = values[k].numel()
+            adv_out[k], ret_out[k] = advantages[i, start : start + n], returns[i, start : start + n]
+            start += n
+    return adv_out, ret_out
+
+
+@register_algorithm("ppo")
+class PPO(Algorithm):
+    config_class = PPOConfig
+    config: PPOConfig
+    needs_value_model = True
+
+    def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
+        cfg = self.config
+        self.schedule = []
+        samples = batch.samples()
+        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size)
+        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+        old_values: dict[core.SampleKey, torch.Tensor] = {}
+        for start in range(0, len(samples), cfg.minibatch_size):
+            chunk = samples[start : start + cfg.minibatch_size]
+            with torch.no_grad():
+                chunk_values = learner.values(chunk)
+            lengths = [s.turn.num_response_tokens for s in chunk]
+            for s, row, n in zip(chunk, chunk_values.detach().float().cpu(), lengths):
+                old_values[core.sample_key(s)] = row[:n]
+        advantages, returns = trajectory_gae(batch, old_values, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages and advantages:
+            # Whitened over every response token of the batch.
+            flat = torch.cat(list(advantages.values()))
+            mean, std = flat.mean(), (flat.std() if flat.numel() > 1 else flat.new_zeros(()))
+            advantages = {k: (v - mean) / (std + core.EPS) for k, v in advantages.items()}
+
+        stats, opt_metrics, value_losses = [], [], []
+        for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
+            new = learner.logprobs(minibatch)
+            policy_loss, stat = core.token_policy_loss(
+                new,
+                core.gather(old, minibatch, new.logprobs),
+                core.gather(advantages, minibatch, new.logprobs),
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
+                kl_coef=cfg.kl_coef,
+                loss_agg=cfg.loss_agg,
+            )
+            values = learner.values(minibatch)
+            value_loss = core.clipped_value_loss(
+                values,
+                core.gather(old_values, minibatch, values),
+                core.gather(returns, minibatch, values),
+                new.mask,
+                cfg.value_clip,
+            )
+            opt_metrics.append(learner.optimize(policy_loss + cfg.vf_coef * value_loss))
+            stats.append(stat)
+            value_losses.append(float(value_loss.detach()))
+
+        weights = {s.rollout_id: float(advantages[core.sample_key(s)][0]) for s in samples if s.t == 1 and s.turn.num_response_tokens}
+        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), weights, len(stats)))
+        metrics = core.mean_stats(stats, opt_metrics)
+        metrics["value_loss"] = sum(value_losses) / max(len(value_losses), 1)
+        return metrics

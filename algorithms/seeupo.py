@@ -1,0 +1,122 @@
+"""SeeUPO: sequence-level sequential update, SeeUPPO-GRAE (DESIGN section 5; paper Algorithm 1).
+
+1. `M_i <- normalize(A_i)` for every trajectory i (GRAE, default `batch` normalization).
+2. For t in the update order (reverse T_max..1 by default; `natural` 1..T_max; `random`: a fresh
+   permutation per step), skipping empty pools: update on the turn pool D_t alone with
+   `-mean_{i in D_t} clip_obj(s(y_{i,t}), M_i)` + KL on turn t's tokens (epochs x minibatches);
+   then, with the updated parameters, `M_i <- M_i * s(y_{i,t})` (detached) for every i in D_t.
+3. The next step samples with the final parameters.
+
+Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
+step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
+pool just before its update, as the authors' code does (a different estimator). `M` is keyed
+by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms import core
+from algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from algorithms.rollout import RolloutBatch
+
+ORDERS = ("reverse", "natural", "random")
+OLD_POLICIES = ("step_start", "turn_start")
+
+
+@dataclass
+class SeeUPOConfig(AlgorithmConfig):
+    # GRAE normalization of the initial M: none | group | batch.
+    normalization: str = "batch"
+    # Turn update order: reverse (T_max..1) | natural (1..T_max) | random (new permutation each step).
+    order: str = "reverse"
+    # Where ratios are anchored: step_start (theta_k, the paper) | turn_start (the authors' code).
+    old_policy: str = "step_start"
+    # Optional [low, high] clip of M's importance factor prod_{t' updated} s(y_{i,t'}) (the sign of A_i is
+    # kept); None (default) = no clipping. The authors' code uses [0.8, 1.2].
+    m_clip: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, value, allowed in (
+            ("normalization", self.normalization, core.NORMALIZATIONS),
+            ("order", self.order, ORDERS),
+            ("old_policy", self.old_policy, OLD_POLICIES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"seeupo {name} must be one of {allowed}, got {value!r}")
+        if self.m_clip is not None:
+            low, high = self.m_clip
+            if not 0 <= low <= 1 <= high:
+                raise ValueError(f"m_clip must be [low, high] with 0 <= low <= 1 <= high, got {self.m_clip}")
+            self.m_clip = (float(low), float(high))
+
+
+def update_order(max_turns: int, order: str, generator: torch.Generator) -> list[int]:
+    """The turns 1..max_turns in the order their pools are updated."""
+    if order == "reverse":
+        return list(range(max_turns, 0, -1))
+    if order == "natural":
+        return list(range(1, max_turns + 1))
+    return [t + 1 for t in torch.randperm(max_turns, generator=generator).tolist()]
+
+
+@register_algorithm("seeupo")
+class SeeUPO(Algorithm):
+    config_class = SeeUPOConfig
+    config: SeeUPOConfig
+
+    def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
+        cfg = self.config
+        self.schedule = []
+        advantages = core.trajectory_advantages(batch, cfg.normalization)  # step 1
+        factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
+        samples = batch.samples()
+        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size) if cfg.old_policy == "step_start" else {}
+        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+
+        def weight(rid: str) -> float:  # M_i
+            f = factor[rid] if cfg.m_clip is None else min(max(factor[rid], cfg.m_clip[0]), cfg.m_clip[1])
+            return advantages[rid] * f
+
+        pools = [(t, batch.turn_pool(t)) for t in update_order(batch.max_turns, cfg.order, generator)]
+        pools = [(t, pool) for t, pool in pools if pool]
+        stats, opt_metrics = [], []
+        for position, (t, pool) in enumerate(pools):  # step 2
+            if cfg.old_policy == "turn_start":
+                old.update(core.frozen_logprobs(learner, pool, cfg.minibatch_size))
+            weights = {s.rollout_id: weight(s.rollout_id) for s in pool}
+            steps_before = len(stats)
+            for minibatch in core.minibatches(pool, cfg.minibatch_size, cfg.epochs, generator):
+                new = learner.logprobs(minibatch)
+                loss, stat = core.sequence_policy_loss(
+                    new,
+                    core.gather(old, minibatch, new.logprobs),
+                    core.per_sample(weights, minibatch, new.logprobs),
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
+                    kl_coef=cfg.kl_coef,
+                )
+                opt_metrics.append(learner.optimize(loss))
+                stats.append(stat)
+
+            ratios_after: dict[str, float] = {}
+            if position < len(pools) - 1:  # after the last pool nothing reads M: skip the forward
+                after = core.frozen_logprobs(learner, pool, cfg.minibatch_size)
+                ratios = core.frozen_sequence_ratios(after, old, pool).tolist()
+                for s, ratio in zip(pool, ratios):
+                    ratios_after[s.rollout_id] = ratio
+                    factor[s.rollout_id] *= ratio  # M_i <- M_i * s(y_{i,t})
+            self.record_phase(
+                UpdatePhase(t, tuple(s.rollout_id for s in pool), weights, len(stats) - steps_before, ratios_after)
+            )
+
+        metrics = core.mean_stats(stats, opt_metrics)
+        final_m = torch.tensor([weight(rid) for rid in advantages])
+        metrics.update(m_mean=float(final_m.mean()), m_abs_max=float(final_m.abs().max()) if len(final_m) else 0.0)
+        metrics["turn_pools"] = float(len(pools))
+        return metrics

@@ -1,0 +1,214 @@
+"""A tabular softmax policy that implements `Learner`, for exact and fast algorithm tests.
+
+The world is any sequential joint-action task: T turns, K options per turn, a team reward
+r(a_1..a_T) revealed at the end (TurnBandit tasks fit; this module knows nothing of envs and
+reads tasks through the `JointActionTask` protocol). A context is (task index, earlier
+choices); the policy holds one row of K logits per context. A "response" is one token, the
+chosen option, so `TokenLogprobs` are [n, 1].
+
+Besides the learner: sampling rollouts (`sample_batch`), the exact expected return of the
+policy by enumerating joint actions (`exact_return`), and `expected_batch`, a deterministic
+batch whose trajectory counts follow the joint-action probabilities (no sampling noise).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from algorithms.base import TokenLogprobs
+from algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
+
+
+class JointActionTask(Protocol):
+    """T turns of K options each; `reward` of a full joint action, in [0, 1]."""
+
+    task_id: str
+
+    @property
+    def num_turns(self) -> int: ...
+
+    @property
+    def num_options(self) -> int: ...
+
+    def reward(self, actions: Sequence[int]) -> float: ...
+
+
+def context_ids(task_index: int, history: Sequence[int]) -> list[int]:
+    """The token ids of a tabular context: the task's index, then the earlier choices."""
+    return [task_index, *history]
+
+
+class TabularPolicy:
+    """One softmax row per (task, history) context; a `Learner`.
+
+    The reference policy is the initial table (for the KL term); `values()` reads a tabular value
+    table per context (for PPO). `optimizer` is "sgd" or "adam" over the logits and values.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[JointActionTask],
+        *,
+        lr: float = 0.1,
+        optimizer: str = "sgd",
+        max_grad_norm: float | None = None,
+        init_logits: torch.Tensor | None = None,
+    ) -> None:
+        self.tasks = list(tasks)
+        self.num_options = max(task.num_options for task in self.tasks)
+        self.index: dict[tuple[int, ...], int] = {}
+        for k, task in enumerate(self.tasks):
+            for depth in range(task.num_turns):
+                for history in itertools.product(range(task.num_options), repeat=depth):
+                    self.index[tuple(context_ids(k, history))] = len(self.index)
+        rows = len(self.index)
+        # Options a task does not have (fewer than num_options) are masked out with -inf.
+        self.invalid = torch.zeros(rows, self.num_options, dtype=torch.bool)
+        for key, row in self.index.items():
+            self.invalid[row, self.tasks[key[0]].num_options :] = True
+        start = torch.zeros(rows, self.num_options) if init_logits is None else init_logits.clone().float()
+        if start.shape != (rows, self.num_options):
+            raise ValueError(f"init_logits must have shape {(rows, self.num_options)}, got {tuple(start.shape)}")
+        self.logits = torch.nn.Parameter(start)
+        self.value_table = torch.nn.Parameter(torch.zeros(rows))
+        self.ref_logits = start.clone()
+        self.max_grad_norm = max_grad_norm
+        params = [self.logits, self.value_table]
+        if optimizer == "sgd":
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr)
+        elif optimizer == "adam":
+            self.optimizer = torch.optim.Adam(params, lr=lr)
+        else:
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+        self.optimizer_steps = 0
+
+    # -- the policy ---------------------------------------------------------------------
+    def _log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits.masked_fill(self.invalid, float("-inf")), dim=-1)
+
+    def _rows(self, samples: Sequence[TurnSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            rows = torch.tensor([self.index[tuple(s.turn.context_ids)] for s in samples], dtype=torch.long)
+        except KeyError as err:
+            raise KeyError(f"context {err.args[0]} is not in this tabular policy's tasks") from None
+        actions = torch.tensor([s.turn.response_ids[0] for s in samples], dtype=torch.long)
+        return rows, actions
+
+    def log_probs_table(self) -> torch.Tensor:
+        """log pi(. | context) for every context row, detached."""
+        return self._log_softmax(self.logits.detach())
+
+    def probs(self, task_index: int, history: Sequence[int]) -> torch.Tensor:
+        return self.log_probs_table()[self.index[tuple(context_ids(task_index, history))]].exp()
+
+    # -- Learner ------------------------------------------------------------------------
+    def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
+        rows, actions = self._rows(samples)
+        with torch.set_grad_enabled(grad):
+            table = self._log_softmax(self.logits)
+            chosen = table[rows, actions].unsqueeze(1)
+        return TokenLogprobs(chosen, torch.ones_like(chosen, dtype=torch.bool))
+
+    def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
+        rows, actions = self._rows(samples)
+        chosen = self._log_softmax(self.ref_logits)[rows, actions].unsqueeze(1)
+        return TokenLogprobs(chosen, torch.ones_like(chosen, dtype=torch.bool))
+
+    def values(self, samples: Sequence[TurnSample]) -> torch.Tensor:
+        rows, _ = self._rows(samples)
+        return self.value_table[rows].unsqueeze(1)
+
+    def optimize(self, loss: torch.Tensor) -> dict[str, float]:
+        self.optimizer.zero_grad()
+        loss.backward()
+        params = [self.logits, self.value_table]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.optimizer_steps += 1
+        return {"grad_norm": float(norm)}
+
+    # -- exact evaluation ---------------------------------------------------------------
+    def joint_action_probabilities(self, task_index: int) -> dict[tuple[int, ...], float]:
+        """pi(a_1..a_T) of every joint action of task `task_index` (sums to 1)."""
+        task = self.tasks[task_index]
+        table = self.log_probs_table().exp()
+        out = {}
+        for actions in itertools.product(range(task.num_options), repeat=task.num_turns):
+            p = 1.0
+            for t, a in enumerate(actions):
+                p *= float(table[self.index[tuple(context_ids(task_index, actions[:t]))], a])
+            out[actions] = p
+        return out
+
+    def exact_return(self, task_index: int) -> float:
+        """J(pi) = sum_a pi(a) r(a) for one task, by enumeration."""
+        task = self.tasks[task_index]
+        return sum(p * task.reward(a) for a, p in self.joint_action_probabilities(task_index).items())
+
+
+@dataclass
+class _Rollout:
+    task_index: int
+    actions: tuple[int, ...]
+
+
+def _trajectory(policy: TabularPolicy, table: torch.Tensor, rollout: _Rollout, rollout_id: str) -> Trajectory:
+    task = policy.tasks[rollout.task_index]
+    turns = []
+    for t, a in enumerate(rollout.actions):
+        ids = context_ids(rollout.task_index, rollout.actions[:t])
+        turns.append(Turn(context_ids=ids, response_ids=[a], sample_logprobs=[float(table[policy.index[tuple(ids)], a])]))
+    reward = task.reward(rollout.actions)
+    return Trajectory(
+        task_id=task.task_id,
+        group_id=task.task_id,
+        rollout_id=rollout_id,
+        turns=turns,
+        reward=reward,
+        success=reward >= 1.0,
+    )
+
+
+def sample_batch(policy: TabularPolicy, rollouts_per_task: int, generator: torch.Generator) -> RolloutBatch:
+    """G sampled rollouts of every task of the policy (B = number of tasks)."""
+    log_table = policy.log_probs_table()
+    table = log_table.exp()
+    trajectories = []
+    for k, task in enumerate(policy.tasks):
+        # All G rollouts of a task advance one turn at a time; each draws from its own context's row.
+        histories: list[tuple[int, ...]] = [() for _ in range(rollouts_per_task)]
+        for _ in range(task.num_turns):
+            rows = torch.tensor([policy.index[tuple(context_ids(k, h))] for h in histories])
+            draws = torch.multinomial(table[rows], 1, generator=generator).squeeze(1).tolist()
+            histories = [h + (a,) for h, a in zip(histories, draws)]
+        trajectories += [
+            _trajectory(policy, log_table, _Rollout(k, h), f"{task.task_id}/{g}") for g, h in enumerate(histories)
+        ]
+    return RolloutBatch(trajectories)
+
+
+def expected_batch(policy: TabularPolicy, rollouts_per_task: int) -> RolloutBatch:
+    """A deterministic batch: each joint action a of each task appears round(G * pi(a)) times
+    (largest-remainder rounding, so every task has exactly G rollouts). As G grows, the batch's
+    empirical distribution matches the policy's with error <= 1/G per joint action and no
+    sampling noise, so an algorithm's update on it approaches its expected update."""
+    log_table = policy.log_probs_table()
+    trajectories = []
+    for k, task in enumerate(policy.tasks):
+        probs = policy.joint_action_probabilities(k)
+        quotas = {a: p * rollouts_per_task for a, p in probs.items()}
+        counts = {a: int(q) for a, q in quotas.items()}
+        leftover = rollouts_per_task - sum(counts.values())
+        for a in sorted(quotas, key=lambda a: quotas[a] - counts[a], reverse=True)[:leftover]:
+            counts[a] += 1
+        g = 0
+        for a, count in counts.items():
+            for _ in range(count):
+                trajectories.append(_trajectory(policy, log_table, _Rollout(k, a), f"{task.task_id}/{g}"))
+                g += 1
+    return RolloutBatch(trajectories)

@@ -1,0 +1,349 @@
+"""TurnBandit: a family of small multi-turn text tasks with a known optimum (`seeupo/TurnBandit-v0`).
+
+A task has T turns (2-4) with K labelled options each; the agent answers each turn by naming one
+option, and the team reward r(a_1..a_T) in [0, 1] is revealed at the end. Tasks come from a seed.
+
+Variants (kwarg `variant`):
+- `climbing` (deceptive, after the climbing game): the optimal joint action scores 1, every other
+  joint action that starts like it scores almost nothing, and a decoy first option scores well
+  whatever follows, so the first option that is best under a uniform continuation is the decoy.
+- `random`: rewards drawn uniformly, rescaled so the best joint action scores 1.
+- `mixed` (default): even task indices climbing, odd ones random.
+- `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
+  the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
+
+Invalid actions (anything that does not name one option, an unclosed `<think>` block, over-long
+text) never raise: the observation says what was wrong and lists the options again, the turn is
+used up, the same decision is asked again, and each invalid turn costs `invalid_penalty` off the
+final reward (floored at 0). An episode that reaches `max_turns` before the last decision is
+truncated with reward 0.
+
+`info["turn"]` is the 1-based turn the observation belongs to: 1 after reset, k after the k-th step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gymnasium as gym
+
+from seeupo_gym.spaces import UnicodeText
+from seeupo_gym.templates import ReActTemplate
+
+LABELS = "ABCDEFGH"
+VARIANTS = ("mixed", "climbing", "random", "easy")
+MAX_OBSERVATION_CHARS = 4096
+MAX_ACTION_CHARS = 8192
+
+_SCENES = [
+    ("door", ["red", "blue", "green", "gold", "iron", "oak", "glass", "stone"]),
+    ("path", ["left", "right", "middle", "upper", "lower", "narrow", "wide", "dark"]),
+    ("key", ["silver", "bronze", "copper", "bone", "jade", "rusty", "tiny", "heavy"]),
+    ("boat", ["sail", "row", "motor", "raft", "canoe", "barge", "yacht", "ferry"]),
+]
+_FRUITS = ["apple", "banana", "cherry", "grape", "mango", "pear", "plum", "peach"]
+_NON_FRUITS = ["hammer", "sock", "brick", "cloud", "spoon", "candle", "rope", "coin", "ladder", "button"]
+
+
+@dataclass(frozen=True)
+class BanditTask:
+    """One TurnBandit task: option texts per turn and the reward of every joint action."""
+
+    task_id: str
+    kind: str
+    goal: str
+    options: tuple[tuple[str, ...], ...]  # options[t][k]: text of option k at turn t+1
+    rewards: dict[tuple[int, ...], float]  # every joint action -> team reward in [0, 1]
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.options)
+
+    @property
+    def num_options(self) -> int:
+        return len(self.options[0])
+
+    def reward(self, actions: Sequence[int]) -> float:
+        return self.rewards[tuple(actions)]
+
+    def optimal(self) -> tuple[float, tuple[int, ...]]:
+        """(J*, an optimal joint action) by backward induction: V_T(h) = max_a r(h, a),
+        V_t(h) = max_a V_{t+1}(h, a); ties go to the lowest option index."""
+        values: dict[tuple[int, ...], float] = {a: r for a, r in self.rewards.items()}
+        best_action: dict[tuple[int, ...], int] = {}
+        for depth in range(self.num_turns - 1, -1, -1):
+            level: dict[tuple[int, ...], float] = {}
+            for history in itertools.product(range(self.num_options), repeat=depth):
+                children = [values[history + (a,)] for a in range(self.num_options)]
+                best = max(range(self.num_options), key=lambda a: (children[a], -a))
+                best_action[history], level[history] = best, children[best]
+            values = level
+        actions: tuple[int, ...] = ()
+        while len(actions) < self.num_turns:
+            actions += (best_action[actions],)
+        return values[()], actions
+
+    @property
+    def optimal_value(self) -> float:
+        return self.optimal()[0]
+
+    def first_turn_uniform_values(self) -> list[float]:
+        """Mean reward of each first option when every later turn is uniform."""
+        totals = [0.0] * self.num_options
+        for actions, r in self.rewards.items():
+            totals[actions[0]] += r
+        per_option = self.num_options ** (self.num_turns - 1)
+        return [total / per_option for total in totals]
+
+    @property
+    def deceptive(self) -> bool:
+        """True when the first option best under a uniform continuation starts no optimal joint action."""
+        uniform = self.first_turn_uniform_values()
+        greedy = max(range(self.num_options), key=lambda a: uniform[a])
+        best = self.optimal_value
+        return all(r < best for a, r in self.rewards.items() if a[0] == greedy)
+
+
+def _scene_options(rng: random.Random, turns: int, options: int) -> tuple[tuple[str, ...], ...]:
+    scenes = rng.sample(_SCENES, turns)
+    return tuple(tuple(f"{word} {noun}" for word in rng.sample(words, options)) for noun, words in scenes)
+
+
+def _climbing_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
+    best = tuple(rng.randrange(options) for _ in range(turns))
+    decoy = rng.choice([a for a in range(options) if a != best[0]])
+    rewards = {}
+    for actions in itertools.product(range(options), repeat=turns):
+        if actions == best:
+            rewards[actions] = 1.0
+        elif actions[0] == best[0]:
+            rewards[actions] = round(rng.uniform(0.0, 0.1), 3)  # the cliff around the optimum
+        elif actions[0] == decoy:
+            rewards[actions] = round(rng.uniform(0.6, 0.8), 3)  # safe, never optimal
+        else:
+            rewards[actions] = round(rng.uniform(0.0, 0.5), 3)
+    goal = "Reach the treasure room."
+    return BanditTask(task_id, "climbing", goal, _scene_options(rng, turns, options), rewards)
+
+
+def _random_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
+    raw = {a: rng.random() for a in itertools.product(range(options), repeat=turns)}
+    top = max(raw.values())
+    rewards = {a: round(r / top, 3) for a, r in raw.items()}
+    goal = "Reach the treasure room."
+    return BanditTask(task_id, "random", goal, _scene_options(rng, turns, options), rewards)
+
+
+def _easy_task(task_id: str, rng: random.Random, turns: int, options: int, hint: bool) -> BanditTask:
+    texts, fruit_at = [], []
+    for _ in range(turns):
+        items = rng.sample(_NON_FRUITS, options - 1)
+        position = rng.randrange(options)
+        items.insert(position, rng.choice(_FRUITS))
+        texts.append(tuple(items))
+        fruit_at.append(position)
+    rewards = {
+        a: sum(int(a[t] == fruit_at[t]) for t in range(turns)) / turns
+        for a in itertools.product(range(options), repeat=turns)
+    }
+    goal = "Pick the fruit at every step." if hint else "Find the hidden prize."
+    return BanditTask(task_id, "easy", goal, tuple(texts), rewards)
+
+
+def make_tasks(
+    variant: str = "mixed",
+    num_tasks: int = 64,
+    seed: int = 0,
+    turns: tuple[int, int] = (2, 4),
+    options: int = 3,
+    hint: bool = False,
+) -> list[BanditTask]:
+    """The task list of a TurnBandit variant; task i depends only on (variant, seed, i)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown TurnBandit variant {variant!r}; choose one of {VARIANTS}")
+    low, high = turns
+    if not 1 <= low <= high <= len(_SCENES):
+        raise ValueError(f"turns must be (low, high) with 1 <= low <= high <= {len(_SCENES)}, got {turns}")
+    if not 2 <= options <= len(LABELS):
+        raise ValueError(f"options must lie in [2, {len(LABELS)}], got {options}")
+    tasks = []
+    for i in range(num_tasks):
+        rng = random.Random(f"turnbandit:{variant}:{seed}:{i}")
+        task_id = f"{variant}-{seed}-{i}"
+        if variant == "easy":
+            tasks.append(_easy_task(task_id, rng, rng.randint(low, high), options, hint))
+            continue
+        kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
+        make = _climbing_task if kind == "climbing" else _random_task
+        tasks.append(make(task_id, rng, rng.randint(low, high), options))
+    return tasks
+
+
+_LABEL_ANSWER = re.compile(r"^(?:option\s*)?[(\[]?([A-Ha-h])[)\].:]?$", re.IGNORECASE)
+
+
+def parse_choice(action: str, options: Sequence[str]) -> int | None:
+    """The option an action names: its label (`B`, `b`, `(B)`, `B.`, `Option B`, `B) red door`)
+    or its exact text; None when it names none of them."""
+    text = action.strip().strip("`'\"*").strip()
+    label_with_text = re.match(r"^[(\[]?([A-Ha-h])[)\].:]\s+(.+)$", text)
+    if label_with_text:
+        index = LABELS.index(label_with_text.group(1).upper())
+        if index < len(options) and label_with_text.group(2).strip().rstrip(".").lower() == options[index].lower():
+            return index
+        return None
+    match = _LABEL_ANSWER.match(text)
+    if match:
+        index = LABELS.index(match.group(1).upper())
+        return index if index < len(options) else None
+    lowered = text.rstrip(".").lower()
+    for index, option in enumerate(options):
+        if lowered == option.lower():
+            return index
+    return None
+
+
+class TurnBanditEnv(gym.Env[str, str]):
+    """Sequence-level multi-turn text env over TurnBandit tasks (DESIGN section 2).
+
+    kwargs: variant, num_tasks, seed (of the task list, not of the episode draw), turns=(low, high),
+    options (K), hint (easy variant), invalid_penalty, max_turns, template.
+    `gym.make("seeupo/TurnBandit-v0", variant="easy", options=2)` is the small-LLM preset.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        variant: str = "mixed",
+        num_tasks: int = 64,
+        seed: int = 0,
+        turns: tuple[int, int] | None = None,
+        options: int | None = None,
+        hint: bool = False,
+        invalid_penalty: float = 0.1,
+        max_turns: int = 10,
+        template: ReActTemplate | None = None,
+    ) -> None:
+        if variant == "easy":
+            turns = turns or (2, 2)
+            options = options or 2
+        self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint)
+        self.task_index = {task.task_id: k for k, task in enumerate(self.tasks)}
+        if not 0 <= invalid_penalty <= 1:
+            raise ValueError(f"invalid_penalty must lie in [0, 1], got {invalid_penalty}")
+        if max_turns < max(task.num_turns for task in self.tasks):
+            raise ValueError(f"max_turns={max_turns} is below the tasks' number of turns")
+        self.invalid_penalty = invalid_penalty
+        self.max_turns = max_turns
+        self.template = template or ReActTemplate()
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.action_space = UnicodeText(MAX_ACTION_CHARS)
+        self.task: BanditTask | None = None
+        self._choices: list[int] = []
+        self._turns_taken = 0
+        self._invalid = 0
+        self._done = False
+        self._messages: list[dict[str, str]] = []
+
+    # -- text ---------------------------------------------------------------------------
+    def system_prompt(self) -> str:
+        return self.template.system_prompt(
+            role="You are playing TurnBandit, a game of a few steps. At each step you choose one option. "
+            "A single team reward between 0 and 1 is revealed only after the last step.",
+            protocol="Each step lists options labelled A, B, ... Choose exactly one per step. "
+            "An answer that names no listed option wastes the step and lowers the reward.",
+            action_format="After your reasoning, write only the letter of your option, for example:\n"
+            "<think>B looks promising.</think>\nB",
+        )
+
+    def _step_text(self) -> str:
+        assert self.task is not None
+        t = len(self._choices)
+        lines = [f"Step {t + 1} of {self.task.num_turns}. Options:"]
+        lines += [f"{LABELS[k]}) {text}" for k, text in enumerate(self.task.options[t])]
+        lines.append("Answer with one letter.")
+        return "\n".join(lines)
+
+    # -- gym API ------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = (options or {}).get("task_id")
+        if task_id is None:
+            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        elif task_id in self.task_index:
+            self.task = self.tasks[self.task_index[task_id]]
+        else:
+            raise ValueError(f"unknown TurnBandit task_id {task_id!r}; ids look like {self.tasks[0].task_id!r}")
+        self._choices, self._turns_taken, self._invalid, self._done = [], 0, 0, False
+        observation = f"Task {self.task.task_id}. {self.task.goal}\n{self._step_text()}"
+        self._messages = [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": observation},
+        ]
+        return observation, self._info(turn=1)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None or self._done:
+            raise RuntimeError("call reset() before step(), and again after the episode ends")
+        self._turns_taken += 1
+        text = action if isinstance(action, str) else ""
+        choice, problem = None, ""
+        if not isinstance(action, str):
+            problem = f"the action must be a string, got {type(action).__name__}"
+        elif len(action) > MAX_ACTION_CHARS:
+            problem = f"the response is {len(action)} characters long (limit {MAX_ACTION_CHARS})"
+        else:
+            parsed = self.template.parse(action)
+            options = self.task.options[len(self._choices)]
+            if not parsed.think_closed:
+                problem = "the <think> block was never closed"
+            else:
+                choice = parse_choice(parsed.action, options)
+                if choice is None:
+                    shown = parsed.action if len(parsed.action) <= 40 else parsed.action[:40] + "..."
+                    problem = f"{shown!r} names none of the options"
+        self._messages.append({"role": "assistant", "content": self.template.history_content(text[:MAX_ACTION_CHARS])})
+
+        reward, terminated, truncated = 0.0, False, False
+        if choice is None:
+            self._invalid += 1
+            labels = ", ".join(LABELS[: self.task.num_options])
+            observation = f"Invalid action: {problem}. Answer with one letter among {labels}.\n{self._step_text()}"
+        else:
+            self._choices.append(choice)
+            if len(self._choices) == self.task.num_turns:
+                terminated = True
+                reward = max(0.0, self.task.reward(self._choices) - self.invalid_penalty * self._invalid)
+                observation = f"You chose {LABELS[choice]}. The game is over. Team reward: {reward:.3f}."
+            else:
+                observation = f"You chose {LABELS[choice]}.\n{self._step_text()}"
+        if not terminated and self._turns_taken >= self.max_turns:
+            truncated = True
+            observation += f"\nTurn limit ({self.max_turns}) reached before the last step. Team reward: 0.000."
+        self._done = terminated or truncated
+        self._messages.append({"role": "user", "content": observation})
+        info = self._info(turn=self._turns_taken)
+        info["invalid_action"] = choice is None
+        if choice is None:
+            info["error"] = problem
+        return observation, reward, terminated, truncated, info
+
+    def _info(self, turn: int) -> dict[str, Any]:
+        assert self.task is not None
+        optimal = self.task.optimal_value
+        complete = len(self._choices) == self.task.num_turns
+        success = complete and self._invalid == 0 and self.task.reward(self._choices) >= optimal
+        return {
+            "task_id": self.task.task_id,
+            "turn": turn,
+            "messages": [dict(m) for m in self._messages],
+            "success": bool(success),
+            "choices": "".join(LABELS[c] for c in self._choices),
+            "invalid_actions": self._invalid,
+            "optimal_value": optimal,
+        }
