@@ -11,7 +11,9 @@ from __future__ import annotations
 import string
 from typing import Any
 
+from gymnasium.error import CustomSpaceError
 from gymnasium.spaces import Text
+from gymnasium.vector.utils import create_shared_memory
 
 # Used only by `sample()`: a mix of ASCII, code punctuation and a few non-Latin scripts.
 _SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n\táéüßçñøЖжλΩ中文日本語한국어😀"
@@ -45,3 +47,13 @@ class UnicodeText(Text):
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.min_length, self.max_length))
+
+
+@create_shared_memory.register(UnicodeText)
+def _no_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    # AsyncVectorEnv would read text observations out of shared memory once and then keep
+    # returning that stale buffer; refuse, and gymnasium tells the user the fix.
+    raise CustomSpaceError(
+        "UnicodeText observations cannot live in shared memory; "
+        "use gym.make_vec(..., vector_kwargs={'shared_memory': False})"
+    )

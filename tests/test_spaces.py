@@ -51,3 +51,28 @@ def test_equality_and_copy():
 def test_bad_bounds_are_an_error():
     with pytest.raises(ValueError):
         UnicodeText(1, min_length=2)
+
+
+def test_async_vector_env_with_shared_memory_is_refused_with_the_fix_named():
+    # Shared memory would silently hand back stale observations for text spaces.
+    import gymnasium as gym
+
+    class EchoEnv(gym.Env):
+        observation_space = UnicodeText(16)
+        action_space = UnicodeText(16)
+
+        def reset(self, *, seed=None, options=None):
+            return "start", {}
+
+        def step(self, action):
+            return action, 0.0, True, False, {}
+
+    with pytest.raises(ValueError, match="shared_memory=False"):
+        gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv], shared_memory=True)
+    envs = gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv], shared_memory=False)
+    try:
+        envs.reset()
+        observations, *_ = envs.step(("héllo", "wörld"))
+        assert observations == ("héllo", "wörld")
+    finally:
+        envs.close()
