@@ -14,6 +14,7 @@ __all__ = ["UnicodeText"]
 
 # id -> "module:Class". Later envs add one line here.
 _ENVS: dict[str, str] = {
+    "seeupo/AppWorld-v0": "seeupo_gym.appworld.env:AppWorldEnv",
     "seeupo/TurnBandit-v0": "seeupo_gym.turnbandit:TurnBanditEnv",
     "seeupo/BFCL-v4-v0": "seeupo_gym.bfcl.env:BFCLEnv",
     "seeupo/BFCL-v4-base-v0": "seeupo_gym.bfcl.env:make_base",

@@ -341,8 +341,15 @@ def _evaluation_code(task: MiniTask) -> str:
     )
 
 
-def _populate(models, instruction: str) -> None:
-    """Write the shared world (one supervisor, three friends, four apps) and the task record."""
+def _populate(models, instruction: str, api_docs: dict) -> None:
+    """Write the shared world (one supervisor, three friends, four apps, every app's API
+    docs for discovery through `apis.api_docs`) and the task record."""
+    for app_name, api_name_to_doc in api_docs.items():
+        for doc in api_name_to_doc.values():
+            models.api_docs.ApiDoc.create_save(
+                app_name_=app_name, api_name=doc["api_name"], path=doc["path"], method=doc["method"],
+                description=doc["description"], parameters=doc["parameters"],
+                response_schemas=doc["response_schemas"])
     admin = models.admin
     main_user = admin.MainUser.create_save(**SUPERVISOR)
     friend_users = [admin.MainUser.create_save(**f) for f in FRIENDS]
@@ -400,7 +407,7 @@ def _write_json(obj, path: str) -> None:
         f.write("\n")
 
 
-def _write_task(task: MiniTask, data_dir: str) -> None:
+def _write_task(task: MiniTask, data_dir: str, api_docs: dict) -> None:
     from appworld.apps import get_all_apps
     from appworld.apps.api_lib import set_local_date_and_time
     from appworld.collections.models import ModelCollection
@@ -413,7 +420,7 @@ def _write_task(task: MiniTask, data_dir: str) -> None:
     try:
         models = ModelCollection.load(to_db_home_path=f":memory:mini-build-{task.task_id}", load_apps=apps,
                                       create_db=True)
-        _populate(models, task.instruction)
+        _populate(models, task.instruction, api_docs)
         models.save(db_home_path=os.path.join(task_dir, "dbs"), format="full", app_names=list(apps),
                     delete_if_exists=True)
         models.close()
@@ -446,6 +453,10 @@ def _verify(task: MiniTask) -> None:
     """Replay the solution and a do-nothing agent in a real world; fail the build if the task is broken."""
     from appworld import AppWorld
 
+    with AppWorld(task_id=task.task_id, experiment_name="mini-verify-discovery") as world:
+        listing = world.execute("print(apis.api_docs.show_api_descriptions(app_name='supervisor'))")
+    if "complete_task" not in listing:
+        raise SystemExit(f"{task.task_id}: API discovery does not work: {listing[:500]}")
     outcomes = {}
     for name, code in (("solution", task.solution), ("no_op", "apis.supervisor.complete_task()")):
         with AppWorld(task_id=task.task_id, experiment_name=f"mini-verify-{name}", random_seed=100) as world:
@@ -467,17 +478,21 @@ def _verify(task: MiniTask) -> None:
           f"no-op {no_op.pass_count}/{no_op.num_tests}", flush=True)
 
 
-def _write_api_docs(data_dir: str) -> None:
-    """`api_docs/standard/<app>.json`, generated from the apps' own code. (AppWorld's
-    `ApiDocCollection.save` also writes the OpenAPI format, which needs an extra package.)"""
+def _write_api_docs(data_dir: str) -> dict:
+    """`api_docs/standard/<app>.json`, generated from the apps' own code, returned as
+    {app: {api: doc}}. (AppWorld's `ApiDocCollection.save` also writes the OpenAPI format,
+    which needs an extra package.)"""
+    from munch import unmunchify
+
     from appworld.apps import get_all_apps
     from appworld.collections.api_docs import ApiDocCollection
     from appworld.common.constants import CANARY_STRING
 
-    docs = ApiDocCollection.build(tuple(get_all_apps(skip_admin=True)))
+    docs = unmunchify(ApiDocCollection.build(tuple(get_all_apps(skip_admin=True))))
     for app_name, api_name_to_doc in docs.items():
         standard = {name: {**doc, "canary_string": CANARY_STRING} for name, doc in api_name_to_doc.items()}
         _write_json(standard, os.path.join(data_dir, "api_docs", "standard", app_name + ".json"))
+    return docs
 
 
 def build(out_dir: str) -> None:
@@ -490,10 +505,10 @@ def build(out_dir: str) -> None:
         os.environ["APPWORLD_ROOT"] = staging_root
         os.environ["IPYTHONDIR"] = os.path.join(staging_root, ".ipython")
         data_dir = os.path.join(staging_root, "data")
-        _write_api_docs(data_dir)
+        api_docs = _write_api_docs(data_dir)
         tasks = _tasks()
         for task in tasks:
-            _write_task(task, data_dir)
+            _write_task(task, data_dir, api_docs)
         os.makedirs(os.path.join(data_dir, "datasets"), exist_ok=True)
         with open(os.path.join(data_dir, "datasets", "mini.txt"), "w") as f:
             f.write("".join(task.task_id + "\n" for task in tasks))

@@ -1,0 +1,324 @@
+"""`seeupo/AppWorld-v0`: AppWorld as a sequence-level Gymnasium env (DESIGN section 2).
+
+Episode = one AppWorld task; one step = one model response. The response is "think, then
+act": `<think>...</think>` and one ```python code block (see `render_action`), which runs
+in the task's world on the env's own AppWorld server (`seeupo_gym.appworld.server`); the
+observation is what the code printed (or AppWorld's "Execution failed" traceback). The
+episode terminates when the agent calls `apis.supervisor.complete_task(...)`, and is
+truncated after `max_turns` responses; either way AppWorld's evaluator scores the world:
+reward = passed tests / total tests, `info["success"]` = all passed.
+
+Bad responses (no code block, unclosed `<think>`, too long, binary, code that imports system
+modules or reaches for `eval`/`open`/dunders: see `guard`) run nothing: the observation says
+why and the response still counts as a turn. Code that fails gets AppWorld's own traceback. Code that outruns the time limit in a way
+AppWorld cannot stop (a long C loop) gets the server killed: the episode terminates with
+the reason in `info["termination_reason"]`, and the next reset gets a fresh server. So does
+a server that dies mid-episode.
+
+This module imports nothing of `appworld`: the caller's clock never freezes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import gymnasium as gym
+
+from seeupo_gym.appworld.guard import refusal
+from seeupo_gym.appworld.paths import MINI_SPLIT, OFFICIAL_SPLITS, find_data_dir, read_split
+from seeupo_gym.appworld.server import AppWorldServer, ServerDied, ServerError, ServerPool, ServerTimeout
+from seeupo_gym.spaces import UnicodeText
+from seeupo_gym.templates import ReActTemplate
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+ROLE = (
+    "You are a capable coding agent. You do day-to-day tasks for your supervisor by writing Python code "
+    "that calls the APIs of the apps they use (e.g. Simple Note, Todoist, Venmo, Phone, Spotify, Gmail) "
+    "in AppWorld, acting on your supervisor's behalf."
+)
+ACTION_FORMAT = (
+    "Your action is exactly one Python code block:\n"
+    "```python\n"
+    "print(apis.api_docs.show_app_descriptions())\n"
+    "```\n"
+    "It runs in a persistent Python session (variables survive between turns); what it prints comes back "
+    "to you as the next message. Work in small steps and look at each result before you go on."
+)
+PROTOCOL = """\
+- Every app's APIs are on the `apis` object: `apis.<app_name>.<api_name>(**parameters)`.
+- Find what you need step by step:
+  `print(apis.api_docs.show_app_descriptions())` lists the apps,
+  `print(apis.api_docs.show_api_descriptions(app_name='venmo'))` lists an app's APIs,
+  `print(apis.api_docs.show_api_doc(app_name='venmo', api_name='login'))` shows one API's parameters and response.
+- Most APIs need an `access_token`: get your supervisor's passwords with
+  `apis.supervisor.show_account_passwords()`, then call `apis.<app_name>.login(username=..., password=...)`;
+  the username is your supervisor's email (their phone number for the phone app).
+- Results come in pages: pass `page_index` (and `page_limit`) until a page comes back empty.
+- Act only on what the task asks; do not change anything else.
+- When you are done call `apis.supervisor.complete_task(answer=...)` if the task asks a question (a short
+  answer: a number, a name, ...), else `apis.supervisor.complete_task()`. The episode ends with that call.
+- You have at most {max_turns} responses. Modules that reach the system (os, sys, subprocess, ...) are blocked."""
+FIRST_MESSAGE = """\
+Using these APIs, write code to solve the actual task.
+
+My name is {first_name} {last_name}. My personal email address is {email} and my phone number is {phone_number}.
+Task: {instruction}"""
+
+
+def render_action(code: str, thought: str = "") -> str:
+    """A response the env runs `code` from: `<think>thought</think>` then one ```python block."""
+    return ReActTemplate.render(f"```python\n{code.strip()}\n```", thought=thought)
+
+
+def extract_code(response: str, template: ReActTemplate) -> tuple[str | None, str | None]:
+    """(code, None) for a well-formed response, else (None, why not)."""
+    parsed = template.parse(response)
+    if not parsed.think_closed:
+        return None, "your response opened <think> and never closed it, so it has no action"
+    match = _CODE_BLOCK.search(parsed.action)
+    if match is None:
+        return None, "your response has no ```python code block"
+    code = match.group(1).strip()
+    if not code:
+        return None, "your code block is empty"
+    if "\x00" in code:
+        return None, "your code contains NUL bytes (binary data)"
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "your code is not valid Unicode text (it has lone surrogate characters)"
+    why = refusal(code)
+    if why is not None:
+        return None, f"your code was refused: {why}"
+    return code, None
+
+
+class AppWorldEnv(gym.Env[str, str]):
+    """AppWorld tasks (mini or official splits), each world on an AppWorld server process.
+
+    Args:
+        split: "mini" (built offline by this project) or an official split (train, dev,
+            test_normal, test_challenge; needs `data_dir` or `$SEEUPO_APPWORLD_DATA`).
+        max_turns: responses per episode before truncation.
+        data_dir: the AppWorld `data` folder to serve (default: see `seeupo_gym.appworld.paths`).
+        python: the AppWorld interpreter (default: `$SEEUPO_APPWORLD_PYTHON`, the checkout's
+            `.venv-appworld`, or the managed venv of `python -m seeupo_gym.appworld.setup`).
+        server_pool: a `ServerPool` to take the server from and give it back to at `close()`
+            (reuses warm servers across envs); by default the env starts its own and kills it
+            at `close()`.
+        timeout_seconds: AppWorld's own limit on one code execution.
+        response_grace_s: extra seconds the env waits beyond `timeout_seconds` before it
+            declares the server stuck and kills it.
+        keep_think / template: as in the other envs (`seeupo_gym.templates`).
+        max_action_chars: longer responses are refused (error observation).
+        max_output_chars: longer execution outputs are cut, with a note.
+        startup_timeout: seconds to wait for a server to come up.
+        recycle_after: episodes after which an env's server is restarted (worlds leak memory).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        split: str = MINI_SPLIT,
+        max_turns: int = 10,
+        data_dir: str | os.PathLike[str] | None = None,
+        python: str | os.PathLike[str] | None = None,
+        server_pool: ServerPool | None = None,
+        timeout_seconds: int = 10,
+        response_grace_s: float = 10.0,
+        keep_think: bool = True,
+        template: ReActTemplate | None = None,
+        max_action_chars: int = 32_768,
+        max_output_chars: int = 20_000,
+        startup_timeout: float = 180.0,
+        recycle_after: int = 300,
+    ) -> None:
+        if split != MINI_SPLIT and split not in OFFICIAL_SPLITS:
+            raise ValueError(f"split must be {MINI_SPLIT!r} or one of {list(OFFICIAL_SPLITS)}, got {split!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if timeout_seconds < 1:
+            raise ValueError(f"timeout_seconds must be at least 1, got {timeout_seconds}")
+        self.split = split
+        self.max_turns = max_turns
+        self.timeout_seconds = int(timeout_seconds)
+        self.response_grace_s = response_grace_s
+        self.template = template if template is not None else ReActTemplate(keep_think=keep_think)
+        self.max_action_chars = max_action_chars
+        self.max_output_chars = max_output_chars
+        if server_pool is not None:
+            if data_dir is not None and find_data_dir(split, data_dir) != server_pool.data_dir:
+                raise ValueError(f"data_dir {data_dir} differs from the server pool's {server_pool.data_dir}")
+            self.data_dir = server_pool.data_dir
+            read_split(self.data_dir, split)  # the pool's data must hold this split
+            self._pool, self._owns_pool = server_pool, False
+        else:
+            self.data_dir = find_data_dir(split, data_dir)
+            self._pool = ServerPool(self.data_dir, python, startup_timeout=startup_timeout, recycle_after=recycle_after)
+            self._owns_pool = True
+        self.task_ids: tuple[str, ...] = tuple(read_split(self.data_dir, split))
+        self.observation_space = UnicodeText(max(200_000, 4 * max_output_chars))
+        self.action_space = UnicodeText(max_action_chars)
+
+        self._server: AppWorldServer | None = None
+        self._task_id: str | None = None
+        self._messages: list[dict[str, str]] = []
+        self._turn = 0
+        self._done = True
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = (options or {}).get("task_id")
+        if task_id is None:
+            task_id = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
+        elif not (self.data_dir / "tasks" / str(task_id) / "specs.json").is_file():
+            raise ValueError(f"unknown AppWorld task {task_id!r}: no {self.data_dir}/tasks/{task_id}/specs.json")
+
+        self._done = True
+        task = self._open_world(str(task_id))
+        self._task_id = str(task_id)
+        self._turn = 0
+        self._done = False
+        system = self.template.system_prompt(
+            role=ROLE, protocol=PROTOCOL.format(max_turns=self.max_turns), action_format=ACTION_FORMAT
+        )
+        supervisor = task["supervisor"]
+        first = FIRST_MESSAGE.format(instruction=task["instruction"], **supervisor)
+        self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+        return system + "\n\n" + first, self._info(success=False)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done or self._server is None or self._task_id is None:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        self._turn += 1
+        text = action if isinstance(action, str) else repr(action)
+        if not isinstance(action, str):
+            code, error = None, f"the action must be a string, got {type(action).__name__}"
+        elif len(text) > self.max_action_chars:
+            code, error = None, f"your response has {len(text)} characters, over the limit of {self.max_action_chars}"
+        else:
+            code, error = extract_code(action, self.template)
+        if len(text) > self.max_action_chars:
+            text = text[: self.max_action_chars] + f"\n... [response cut: {len(text)} characters in all]"
+        self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
+
+        reward, terminated, success = 0.0, False, False
+        tests: dict[str, Any] | None = None
+        termination_reason: str | None = None
+        if code is None:
+            observation = f"Error: {error}. Nothing was run. Write one ```python code block after your </think>."
+        else:
+            try:
+                observation = self._clip(self._server.post(
+                    "/execute",
+                    {"task_id": self._task_id, "code": code},
+                    timeout=self.timeout_seconds + self.response_grace_s,
+                    idempotent=False,
+                ))
+                terminated = bool(self._server.post("/task_completed", {"task_id": self._task_id}, timeout=60.0))
+            except ServerError as failure:  # the world survives a failed request
+                error = f"the environment could not run this code ({failure})"
+                observation = f"Error: {error}."
+            except (ServerDied, ServerTimeout) as failure:
+                termination_reason = f"{type(failure).__name__}: {failure}"
+                error = termination_reason
+                observation = (
+                    f"Error: the environment server stopped while running your code ({failure}). The episode is over."
+                )
+                terminated = True
+        truncated = not terminated and self._turn >= self.max_turns
+        if (terminated or truncated) and termination_reason is None:
+            reward, success, tests, termination_reason = self._evaluate(terminated)
+        self._done = terminated or truncated
+        if not self._done:
+            self._messages.append({"role": "user", "content": observation})
+        info = self._info(success=success, action_error=error, tests=tests, termination_reason=termination_reason)
+        return observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self._done = True
+        if self._server is not None:
+            self._pool.release(self._server)
+            self._server = None
+        if self._owns_pool:
+            self._pool.shutdown()
+        super().close()
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def server(self) -> AppWorldServer | None:
+        """The server this env's worlds run on (None before the first reset and after close)."""
+        return self._server
+
+    def _open_world(self, task_id: str) -> dict[str, Any]:
+        """Open the task's world on a healthy server; a dead server is restarted once."""
+        payload = {
+            "task_id": task_id,
+            "timeout_seconds": self.timeout_seconds,
+            "max_interactions": self.max_turns + 1,
+            "raise_on_unsafe_syntax": True,
+            "null_patch_unsafe_execution": True,
+        }
+        for attempt in range(2):
+            if self._server is None:
+                self._server = self._pool.acquire()
+            else:
+                self._pool.prepare(self._server)
+            server = self._server
+            try:
+                task = server.post("/initialize", {**payload, "experiment_name": server.experiment_name}, timeout=120.0)
+            except (ServerDied, ServerTimeout):
+                if attempt == 1:
+                    raise
+                continue
+            server.episodes += 1
+            return task
+        raise AssertionError("unreachable")
+
+    def _evaluate(self, completed: bool) -> tuple[float, bool, dict[str, Any] | None, str]:
+        reason = "completed" if completed else "max_turns"
+        assert self._server is not None
+        try:
+            report = self._server.post("/evaluate", {"task_id": self._task_id, "suppress_errors": True}, timeout=120.0)
+        except (ServerDied, ServerTimeout, ServerError) as failure:
+            return 0.0, False, None, f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"
+        passed = len(report["passes"])
+        total = int(report["num_tests"])
+        tests = {
+            "passed": passed,
+            "total": total,
+            "failed_requirements": [failure["requirement"] for failure in report["failures"]],
+        }
+        return (passed / total if total else 0.0), bool(report["success"]), tests, reason
+
+    def _clip(self, text: str) -> str:
+        limit = self.max_output_chars
+        if len(text) <= limit:
+            return text
+        note = f"\n... [output cut: {len(text)} characters in all]"
+        return text[: limit - len(note)] + note
+
+    def _info(
+        self,
+        success: bool,
+        action_error: str | None = None,
+        tests: dict[str, Any] | None = None,
+        termination_reason: str | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "task_id": self._task_id,
+            "turn": self._turn,
+            "messages": [dict(message) for message in self._messages],
+            "success": success,
+            "action_error": action_error,
+            "tests": tests,
+            "termination_reason": termination_reason,
+            "server_pid": self._server.pid if self._server is not None else None,
+        }
