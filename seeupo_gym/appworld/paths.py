@@ -32,7 +32,7 @@ class AppWorldSetupError(RuntimeError):
 
 def managed_home() -> Path:
     """Where the setup command puts the managed AppWorld venv and the mini data."""
-    return Path(os.environ.get("SEEUPO_HOME", Path.home() / ".cache" / "seeupo-gym")) / "appworld"
+    return Path(os.environ.get("SEEUPO_HOME", Path.home() / ".cache" / "seeupo-gym")).expanduser().resolve() / "appworld"
 
 
 def _venv_python(venv: Path) -> Path:
