@@ -263,11 +263,12 @@ def load_model(
         model, tokenizer = build_tiny(seed, torch_type)
     else:
         path: str | Path = convert_embedded() if name_or_path == "embedded" else name_or_path
+        # huggingface_hub reads HF_HUB_OFFLINE once at import; honour a later setting too.
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_type)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_type, local_files_only=offline)
         except OSError as err:
-            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
             raise OSError(
                 f"could not load model {name_or_path!r}: {err}. "
                 + ("HF_HUB_OFFLINE=1 is set: only locally cached models and local paths load. " if offline else "")

@@ -70,6 +70,10 @@ def response_logprobs(
     `max_logit_elements` logits; with grad each chunk's graph stays alive until backward.
     """
     n = len(contexts)
+    if len(responses) != n:
+        raise ValueError(f"{n} contexts for {len(responses)} responses")
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("every context needs at least one token (the response is predicted from it)")
     if n == 0:
         return torch.zeros((0, 0)), torch.zeros((0, 0), dtype=torch.bool)
     if temperature <= 0:

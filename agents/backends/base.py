@@ -1,0 +1,64 @@
+"""The generation backend contract: token ids in, token ids + logprobs + finish reason out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch of completions.
+
+    temperature: 0 means greedy. top_p: nucleus mass (1.0 = off).
+    stop_strings: generation ends once the decoded completion contains one of them; the token
+    that completed the string is the last one kept. stop_token_ids: generation ends on one of
+    these tokens, which is kept as the last token of the completion (so the context of the next
+    turn continues after it). Backends add the tokenizer's end-of-turn / eos token when the
+    tuple is empty. seed: makes a call reproducible (same prompts, same seed, same completions
+    on the same backend and device); None draws fresh randomness.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Completion:
+    """One sampled response.
+
+    logprobs[k] is the log-probability of token_ids[k] under the policy at the sampling
+    temperature: log_softmax(logits / temperature) before top-p truncation (temperature 1
+    when greedy). At temperature 1 it equals the teacher-forced `response_logprobs`.
+    finish_reason: "stop" (a stop token or string) or "length" (max_new_tokens reached).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        """One completion per prompt, in prompt order."""
+        ...
+
+    def update_weights(self, state_dict_or_model: Any) -> None:
+        """Make later `generate` calls sample from the learner's current weights."""
+        ...
