@@ -231,9 +231,10 @@ class AppWorldServer:
             self.kill()
             raise ServerTimeout(f"the AppWorld server gave no answer to {path} within {timeout:.1f} s; killed it") from error
         except httpx.TransportError as error:
-            if not self.alive:
+            if self._exits_within(2.0):  # a dying server drops the connection before it is reaped
                 raise ServerDied(self._death_message()) from error
-            raise ServerDied(f"the AppWorld server at {self.url} is unreachable ({error!r})") from error
+            self.kill()  # alive but not answering: its state is unknown
+            raise ServerDied(f"the AppWorld server at {self.url} stopped answering ({error!r}); killed it") from error
         if response.status_code != 200:
             self._drop_client()  # uvicorn closes the socket after a 5xx
             raise ServerError(f"{path} failed with HTTP {response.status_code}: {response.text[:500]}")
@@ -248,6 +249,15 @@ class AppWorldServer:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def _exits_within(self, seconds: float) -> bool:
+        if self._process is None:
+            return True
+        try:
+            self._process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _death_message(self) -> str:
         code = self._process.poll() if self._process is not None else None
