@@ -1,0 +1,422 @@
+"""The vectorized agent: B tasks x G rollouts over N env instances, token-in/token-out.
+
+Each step, every episode that waits for a response is put into ONE backend call; the envs
+are then stepped (in this thread, or concurrently in a thread pool), finished episodes are
+recorded and their env slots take the next pending episode.
+
+Token-in/token-out (DESIGN section 3). An episode's context is a list of token ids:
+
+- turn 1: the chat template applied to the env's `info["messages"]` (system + first user
+  message) with the generation prompt, tokenized once;
+- after turn t: context_t + response_t (the sampled ids, as sampled) + the observation delta:
+  the tokens that close the assistant turn (minus the stop token already sampled) and open
+  the next user message with the env's reply and the next generation prompt. The delta is
+  rendered by the tokenizer's own chat template (see `ChatDelta`) and tokenized once.
+
+Text the agent already holds is never re-tokenized. When the env's reported history differs
+from what was sent (e.g. `keep_think=False` strips earlier `<think>` blocks), the context of
+the next turn is rebuilt from `info["messages"]` instead, and the turn record stores exactly
+those ids (what the model was conditioned on). `context_mode="rebuild"` always rebuilds.
+
+Context budget: before each turn, an episode whose context plus `sampling.max_new_tokens`
+would exceed `max_context_tokens` ends there as truncated (reward 0.0, success False,
+`info["end"] == "context_budget"`); no context is ever cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
+from algorithms.rollout import RolloutBatch, Trajectory, Turn
+
+logger = logging.getLogger(__name__)
+
+END_TERMINATED = "terminated"
+END_TRUNCATED = "truncated"
+END_CONTEXT_BUDGET = "context_budget"
+END_ENV_ERROR = "env_error"
+
+_ASSISTANT_SENTINEL = "\x00ASSISTANT\x00"
+_USER_SENTINEL = "\x00USER\x00"
+
+
+class ChatDelta:
+    """Renders the chat template's text around a new user message, once per tokenizer.
+
+    For a conversation that ends with an assistant message, the template renders
+    `... <assistant content><closing><user_prefix><user content><user_suffix>` where
+    `closing` ends the assistant turn and `user_suffix` ends the user turn and opens the
+    next assistant turn (the generation prompt). Found by rendering a short fixed
+    conversation with sentinels; raises if the template does not render appended messages
+    as a suffix (then the agent has to rebuild contexts from messages).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        with_assistant = base + [{"role": "assistant", "content": _ASSISTANT_SENTINEL}]
+        with_user = with_assistant + [{"role": "user", "content": _USER_SENTINEL}]
+        before = render_chat(tokenizer, with_assistant, add_generation_prompt=False)
+        after = render_chat(tokenizer, with_user, add_generation_prompt=True)
+        if not after.startswith(before) or before.count(_ASSISTANT_SENTINEL) != 1:
+            raise ValueError(
+                "the tokenizer's chat template does not render a new user message as a suffix of the "
+                "conversation; use VectorAgent(..., context_mode='rebuild')"
+            )
+        self.closing = before.split(_ASSISTANT_SENTINEL, 1)[1]
+        self.user_prefix, self.user_suffix = after[len(before) :].split(_USER_SENTINEL)
+
+    def text(self, content: str, *, closed_by: str = "") -> str:
+        """Text appended after a response for a new user message `content`.
+
+        closed_by: the decoded stop token that ended the response; when it is the start of
+        the template's closing text, it is not repeated.
+        """
+        closing = self.closing
+        if closed_by and closing.startswith(closed_by):
+            closing = closing[len(closed_by) :]
+        return closing + self.user_prefix + content + self.user_suffix
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Tokenize rendered template text; its special tokens are written out in it, add none."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def derive_seed(*parts: int) -> int:
+    """A 32-bit seed from integers (independent streams for tasks, rollouts and steps)."""
+    return int(np.random.SeedSequence([abs(int(p)) for p in parts]).generate_state(1)[0])
+
+
+@dataclass
+class CollectStats:
+    """Figures of the last `collect`."""
+
+    episodes: int = 0
+    turns: int = 0
+    generated_tokens: int = 0
+    backend_calls: int = 0
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+
+@dataclass
+class _Episode:
+    index: int
+    task_id: str
+    group_id: str
+    rollout_id: str
+    reset_seed: int
+    context: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    result: Trajectory | None = None
+
+
+class VectorAgent:
+    """Drives `num_envs` instances of `env_id` with one backend.
+
+    Args:
+        env_id: a registered Gymnasium id (its envs follow DESIGN section 2: `info["messages"]`,
+            `info["task_id"]`, `info["success"]`).
+        backend: a `Backend`; tokenizer: the policy's tokenizer (chat template + decoding).
+        num_envs: env instances; at most that many episodes run at once.
+        sampling: sampling parameters of every turn (each backend call gets its own seed).
+        max_context_tokens: the context budget (see the module docstring).
+        env_kwargs: passed to `gym.make`.
+        vectorization: "sync" steps the envs one after another in this thread; "async" steps
+            them concurrently in a thread pool (for envs that wait on servers, e.g. AppWorld).
+        context_mode: "auto" appends tokens and rebuilds only when the env's history differs
+            from what was sent; "rebuild" renders every turn's context from `info["messages"]`.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        backend: Backend,
+        tokenizer: Any,
+        *,
+        num_envs: int,
+        sampling: SamplingParams,
+        max_context_tokens: int = 8192,
+        env_kwargs: dict[str, Any] | None = None,
+        vectorization: Literal["sync", "async"] = "sync",
+        context_mode: Literal["auto", "rebuild"] = "auto",
+        env_factory: Callable[[], gym.Env] | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        if vectorization not in ("sync", "async"):
+            raise ValueError(f"vectorization must be 'sync' or 'async', got {vectorization!r}")
+        if context_mode not in ("auto", "rebuild"):
+            raise ValueError(f"context_mode must be 'auto' or 'rebuild', got {context_mode!r}")
+        if max_context_tokens <= sampling.max_new_tokens:
+            raise ValueError(
+                f"max_context_tokens ({max_context_tokens}) must exceed sampling.max_new_tokens "
+                f"({sampling.max_new_tokens})"
+            )
+        self.env_id = env_id
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.num_envs = num_envs
+        self.sampling = sampling
+        self.max_context_tokens = max_context_tokens
+        self.env_kwargs = dict(env_kwargs or {})
+        self.vectorization = vectorization
+        self.context_mode = context_mode
+        self._env_factory = env_factory or (lambda: gym.make(env_id, **self.env_kwargs))
+        self.delta = ChatDelta(tokenizer) if context_mode == "auto" else None
+        self.stop_token_ids = set(sampling.stop_token_ids or getattr(backend, "default_stop_token_ids", ()))
+        if not self.stop_token_ids and tokenizer.eos_token_id is not None:
+            self.stop_token_ids = {tokenizer.eos_token_id}
+        self.envs: list[gym.Env] = [self._env_factory() for _ in range(num_envs)]
+        self._pool = ThreadPoolExecutor(max_workers=num_envs) if vectorization == "async" else None
+        self.last_stats = CollectStats()
+
+    # ------------------------------------------------------------------ public
+
+    def collect(self, task_ids: Sequence[str | None], group_size: int, seed: int) -> RolloutBatch:
+        """G = group_size rollouts of each task; a None task is drawn by the env (seeded).
+
+        Trajectories come back in task order, rollouts of a task together. group_id is
+        "<b>:<task_id>" (b = position in task_ids), rollout_id "<b>:<task_id>:<g>".
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be at least 1, got {group_size}")
+        start = time.perf_counter()
+        stats = CollectStats()
+        resolved = [self._resolve_task(task_id, seed, b) for b, task_id in enumerate(task_ids)]
+        episodes = [
+            _Episode(
+                index=b * group_size + g,
+                task_id=task_id,
+                group_id=f"{b}:{task_id}",
+                rollout_id=f"{b}:{task_id}:{g}",
+                reset_seed=derive_seed(seed, 1, b, g),
+            )
+            for b, task_id in enumerate(resolved)
+            for g in range(group_size)
+        ]
+        pending = deque(episodes)
+        running: dict[int, _Episode] = {}
+        call_index = 0
+        while pending or running:
+            self._start_episodes(pending, running, stats)
+            if not running:
+                continue
+            slots = sorted(running)
+            prompts = [running[slot].context for slot in slots]
+            tick = time.perf_counter()
+            completions = self.backend.generate(prompts, replace(self.sampling, seed=derive_seed(seed, 2, call_index)))
+            stats.generate_seconds += time.perf_counter() - tick
+            stats.backend_calls += 1
+            call_index += 1
+            if len(completions) != len(prompts):
+                raise RuntimeError(f"backend returned {len(completions)} completions for {len(prompts)} prompts")
+            actions = [self.response_text(c.token_ids, c.finish_reason) for c in completions]
+            tick = time.perf_counter()
+            outcomes = self._map(lambda slot, action: self._step(slot, action), list(zip(slots, actions)))
+            stats.env_seconds += time.perf_counter() - tick
+            for slot, completion, action, outcome in zip(slots, completions, actions, outcomes):
+                episode = running[slot]
+                episode.turns.append(
+                    Turn(
+                        context_ids=list(episode.context),
+                        response_ids=list(completion.token_ids),
+                        sample_logprobs=list(completion.logprobs),
+                        finish_reason=completion.finish_reason,
+                    )
+                )
+                episode.actions.append(action)
+                stats.turns += 1
+                stats.generated_tokens += len(completion.token_ids)
+                if self._advance(slot, episode, completion, action, outcome):
+                    del running[slot]
+        stats.episodes = len(episodes)
+        stats.wall_seconds = time.perf_counter() - start
+        self.last_stats = stats
+        trajectories = [episode.result for episode in episodes]
+        assert all(t is not None for t in trajectories)
+        return RolloutBatch(trajectories)  # type: ignore[arg-type]
+
+    def response_text(self, token_ids: Sequence[int], finish_reason: str = FINISH_STOP) -> str:
+        """The text the env receives: the decoded response without its final stop token."""
+        ids = list(token_ids)
+        if finish_reason == FINISH_STOP and ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def initial_context(self, messages: list[dict[str, Any]]) -> list[int]:
+        return encode(self.tokenizer, render_chat(self.tokenizer, messages, add_generation_prompt=True))
+
+    def observation_delta(self, content: str, response_ids: Sequence[int], finish_reason: str) -> list[int]:
+        """Tokens appended after a response for the env's reply `content` (one tokenization)."""
+        assert self.delta is not None
+        closed_by = ""
+        if finish_reason == FINISH_STOP and response_ids and response_ids[-1] in self.stop_token_ids:
+            closed_by = self.tokenizer.decode([response_ids[-1]], skip_special_tokens=False)
+        return encode(self.tokenizer, self.delta.text(content, closed_by=closed_by))
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # closing must not hide the caller's own error
+                logger.exception("closing an env failed")
+        self.envs = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> "VectorAgent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _map(self, fn: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
+        if self._pool is None or len(args) <= 1:
+            return [fn(*a) for a in args]
+        return list(self._pool.map(lambda a: fn(*a), args))
+
+    def _resolve_task(self, task_id: str | None, seed: int, b: int) -> str:
+        """A None task becomes the env's seeded draw, so all G rollouts share one task."""
+        if task_id is not None:
+            return task_id
+        _, info = self.envs[0].reset(seed=derive_seed(seed, 0, b))
+        return str(info["task_id"])
+
+    def _start_episodes(self, pending: deque[_Episode], running: dict[int, _Episode], stats: CollectStats) -> None:
+        free = [slot for slot in range(self.num_envs) if slot not in running]
+        starting = []
+        while free and pending:
+            starting.append((free.pop(0), pending.popleft()))
+        tick = time.perf_counter()
+        outcomes = self._map(self._reset, starting)
+        stats.env_seconds += time.perf_counter() - tick
+        for (slot, episode), outcome in zip(starting, outcomes):
+            if isinstance(outcome, BaseException):
+                self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
+                continue
+            _, info = outcome
+            episode.messages = [dict(m) for m in info["messages"]]
+            episode.context = self.initial_context(episode.messages)
+            if self._over_budget(episode):
+                self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True)
+                continue
+            running[slot] = episode
+
+    def _reset(self, slot: int, episode: _Episode) -> Any:
+        try:
+            return self.envs[slot].reset(seed=episode.reset_seed, options={"task_id": episode.task_id})
+        except Exception as error:  # a broken env must not end the whole collection
+            logger.exception("env reset failed for task %s", episode.task_id)
+            self._replace_env(slot)
+            return error
+
+    def _step(self, slot: int, action: str) -> Any:
+        try:
+            return self.envs[slot].step(action)
+        except Exception as error:
+            logger.exception("env step failed")
+            self._replace_env(slot)
+            return error
+
+    def _replace_env(self, slot: int) -> None:
+        try:
+            self.envs[slot].close()
+        except Exception:
+            logger.exception("closing a failed env raised")
+        self.envs[slot] = self._env_factory()
+
+    def _advance(self, slot: int, episode: _Episode, completion: Completion, action: str, outcome: Any) -> bool:
+        """Record the env's answer; return True when the episode is over."""
+        if isinstance(outcome, BaseException):
+            self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
+            return True
+        observation, reward, terminated, truncated, info = outcome
+        messages = [dict(m) for m in info.get("messages", [])]
+        if terminated or truncated:
+            episode.messages = messages
+            self._finish(
+                episode,
+                END_TERMINATED if terminated else END_TRUNCATED,
+                reward=float(reward),
+                success=bool(info.get("success", False)),
+                truncated=bool(truncated and not terminated),
+                info=info,
+            )
+            return True
+        reply = messages[-1]["content"] if messages and messages[-1].get("role") == "user" else str(observation)
+        expected = episode.messages + [
+            {"role": "assistant", "content": action},
+            {"role": "user", "content": reply},
+        ]
+        if self.delta is not None and messages == expected:
+            delta = self.observation_delta(reply, completion.token_ids, completion.finish_reason)
+            episode.context = episode.context + list(completion.token_ids) + delta
+        else:
+            # The env's history is not the conversation as sampled (or rebuild was asked for).
+            episode.context = self.initial_context(messages)
+        episode.messages = messages
+        if self._over_budget(episode):
+            self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True, info=info)
+            return True
+        return False
+
+    def _over_budget(self, episode: _Episode) -> bool:
+        return len(episode.context) + self.sampling.max_new_tokens > self.max_context_tokens
+
+    def _finish(
+        self,
+        episode: _Episode,
+        end: str,
+        *,
+        reward: float,
+        success: bool,
+        truncated: bool,
+        info: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        record: dict[str, Any] = {
+            "end": end,
+            "messages": episode.messages,
+            "actions": list(episode.actions),
+            "context_tokens": len(episode.context),
+        }
+        if info is not None:
+            # Everything the env reported at the end, except what is already stored above.
+            record["env_info"] = {k: v for k, v in info.items() if k != "messages"}
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"
+        episode.result = Trajectory(
+            task_id=episode.task_id,
+            group_id=episode.group_id,
+            rollout_id=episode.rollout_id,
+            turns=episode.turns,
+            reward=reward,
+            success=success,
+            truncated=truncated,
+            info=record,
+        )
