@@ -174,15 +174,18 @@ def trajectory_advantages(batch: RolloutBatch, normalization: str) -> dict[str, 
 
 def pad_rows(rows: Sequence[torch.Tensor], length: int) -> torch.Tensor:
     """Stack 1-D tensors right-padded with zeros to `length`."""
-    out = torch.zeros(len(rows), length, dtype=rows[0].dtype if rows else torch.float32)
-    for i, row in enumerate(rows):
-        out[i, : row.numel()] = row
+    if not rows:
+        return torch.zeros(0, length)
+    out = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True)
+    if out.shape[1] < length:
+        out = torch.nn.functional.pad(out, (0, length - out.shape[1]))
     return out
 
 
 def _split(tokens: TokenLogprobs) -> list[torch.Tensor]:
     # Kept on the CPU: a step's frozen logprobs are small and outlive the minibatch.
-    return [row[m].float().cpu() for row, m in zip(tokens.logprobs.detach(), tokens.mask)]
+    flat = tokens.logprobs.detach()[tokens.mask].float().cpu()
+    return list(torch.split(flat, tokens.mask.sum(dim=1).tolist()))
 
 
 def frozen_logprobs(
@@ -216,8 +219,9 @@ def frozen_sequence_ratios(
 ) -> torch.Tensor:
     """`s(y)` of each sample from two tables of frozen logprobs, [n] (no autograd)."""
     rows_new = [new[sample_key(s)] for s in samples]
-    length = max((r.numel() for r in rows_new), default=0)
-    mask = pad_rows([torch.ones(r.numel(), dtype=torch.bool) for r in rows_new], length).bool()
+    lengths = torch.tensor([r.numel() for r in rows_new], dtype=torch.long)
+    length = int(lengths.max()) if len(rows_new) else 0
+    mask = torch.arange(length)[None, :] < lengths[:, None]
     return sequence_ratio(pad_rows(rows_new, length), pad_rows([old[sample_key(s)] for s in samples], length), mask)
 
 

@@ -136,12 +136,12 @@ class TabularPolicy:
     def joint_action_probabilities(self, task_index: int) -> dict[tuple[int, ...], float]:
         """pi(a_1..a_T) of every joint action of task `task_index` (sums to 1)."""
         task = self.tasks[task_index]
-        table = self.log_probs_table().exp()
+        table = self.log_probs_table().exp().tolist()
         out = {}
         for actions in itertools.product(range(task.num_options), repeat=task.num_turns):
             p = 1.0
             for t, a in enumerate(actions):
-                p *= float(table[self.index[tuple(context_ids(task_index, actions[:t]))], a])
+                p *= table[self.index[tuple(context_ids(task_index, actions[:t]))]][a]
             out[actions] = p
         return out
 
@@ -157,12 +157,12 @@ class _Rollout:
     actions: tuple[int, ...]
 
 
-def _trajectory(policy: TabularPolicy, table: torch.Tensor, rollout: _Rollout, rollout_id: str) -> Trajectory:
+def _trajectory(policy: TabularPolicy, table: list[list[float]], rollout: _Rollout, rollout_id: str) -> Trajectory:
     task = policy.tasks[rollout.task_index]
     turns = []
     for t, a in enumerate(rollout.actions):
         ids = context_ids(rollout.task_index, rollout.actions[:t])
-        turns.append(Turn(context_ids=ids, response_ids=[a], sample_logprobs=[float(table[policy.index[tuple(ids)], a])]))
+        turns.append(Turn(context_ids=ids, response_ids=[a], sample_logprobs=[table[policy.index[tuple(ids)]][a]]))
     reward = task.reward(rollout.actions)
     return Trajectory(
         task_id=task.task_id,
@@ -178,6 +178,7 @@ def sample_batch(policy: TabularPolicy, rollouts_per_task: int, generator: torch
     """G sampled rollouts of every task of the policy (B = number of tasks)."""
     log_table = policy.log_probs_table()
     table = log_table.exp()
+    log_rows = log_table.tolist()
     trajectories = []
     for k, task in enumerate(policy.tasks):
         # All G rollouts of a task advance one turn at a time; each draws from its own context's row.
@@ -187,7 +188,7 @@ def sample_batch(policy: TabularPolicy, rollouts_per_task: int, generator: torch
             draws = torch.multinomial(table[rows], 1, generator=generator).squeeze(1).tolist()
             histories = [h + (a,) for h, a in zip(histories, draws)]
         trajectories += [
-            _trajectory(policy, log_table, _Rollout(k, h), f"{task.task_id}/{g}") for g, h in enumerate(histories)
+            _trajectory(policy, log_rows, _Rollout(k, h), f"{task.task_id}/{g}") for g, h in enumerate(histories)
         ]
     return RolloutBatch(trajectories)
 
@@ -197,7 +198,7 @@ def expected_batch(policy: TabularPolicy, rollouts_per_task: int) -> RolloutBatc
     (largest-remainder rounding, so every task has exactly G rollouts). As G grows, the batch's
     empirical distribution matches the policy's with error <= 1/G per joint action and no
     sampling noise, so an algorithm's update on it approaches its expected update."""
-    log_table = policy.log_probs_table()
+    log_rows = policy.log_probs_table().tolist()
     trajectories = []
     for k, task in enumerate(policy.tasks):
         probs = policy.joint_action_probabilities(k)
@@ -209,6 +210,6 @@ def expected_batch(policy: TabularPolicy, rollouts_per_task: int) -> RolloutBatc
         g = 0
         for a, count in counts.items():
             for _ in range(count):
-                trajectories.append(_trajectory(policy, log_table, _Rollout(k, a), f"{task.task_id}/{g}"))
+                trajectories.append(_trajectory(policy, log_rows, _Rollout(k, a), f"{task.task_id}/{g}"))
                 g += 1
     return RolloutBatch(trajectories)
