@@ -136,7 +136,7 @@ def test_seeupo_losses_on_a_fixed_batch_skip_the_missing_turn_and_carry_m():
     assert algo.schedule[1].weights == pytest.approx({"r0": s_r0, "r1": -1.0, "r2": 0.0}, abs=1e-5)
     # Pool 1's rows were untouched by pool 2, so its ratios are 1 and its surrogate is the mean of M.
     pool1 = -(s_r0 - 1 + 0) / 3 + 0.1 * (KL[("r0", 1)] + KL[("r1", 1)] + KL[("r2", 1)]) / 3
-    assert policy.losses == [pytest.approx(pool2, abs=1e-6), pytest.approx(pool1, abs=1e-6)]
+    assert policy.losses == [pytest.approx(pool2, abs=1e-5), pytest.approx(pool1, abs=1e-5)]
     assert s_r0 > 1.0  # pool 2 raised the probability of r0's rewarded second choice
 
 
