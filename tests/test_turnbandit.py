@@ -1,0 +1,182 @@
+"""TurnBandit: tasks, exact optimum, the env contract, invalid actions."""
+
+import itertools
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import seeupo_gym  # noqa: F401  (registers the ids)
+from seeupo_gym.spaces import UnicodeText
+from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.turnbandit import TurnBanditEnv, make_tasks, parse_choice
+
+ALL_TASKS = (
+    make_tasks("climbing", 24, seed=0)
+    + make_tasks("random", 24, seed=0)
+    + make_tasks("easy", 12, seed=0, turns=(2, 3), options=3)
+    + make_tasks("climbing", 12, seed=5, turns=(2, 4), options=4)
+)
+
+
+def act(label: str, thought: str = "pick") -> str:
+    return ReActTemplate.render(label, thought)
+
+
+@pytest.mark.parametrize("task", ALL_TASKS, ids=lambda t: t.task_id)
+def test_backward_induction_optimum_equals_brute_force(task):
+    brute = max(task.reward(a) for a in itertools.product(range(task.num_options), repeat=task.num_turns))
+    value, actions = task.optimal()
+    assert value == brute
+    assert task.reward(actions) == value
+    assert 0.0 <= min(task.rewards.values()) and max(task.rewards.values()) <= 1.0
+
+
+def test_climbing_tasks_are_deceptive_and_random_ones_mostly_are_not():
+    climbing = make_tasks("climbing", 40, seed=3)
+    assert all(t.deceptive for t in climbing)
+    for t in climbing:
+        uniform = t.first_turn_uniform_values()
+        assert max(range(t.num_options), key=uniform.__getitem__) != t.optimal()[1][0]
+    assert sum(t.deceptive for t in make_tasks("random", 40, seed=3)) < 40
+
+
+def test_tasks_depend_only_on_variant_seed_and_index():
+    assert make_tasks("mixed", 6, seed=1) == make_tasks("mixed", 6, seed=1)
+    assert make_tasks("mixed", 6, seed=1)[:3] == make_tasks("mixed", 3, seed=1)
+    assert make_tasks("mixed", 6, seed=1) != make_tasks("mixed", 6, seed=2)
+    kinds = [t.kind for t in make_tasks("mixed", 6)]
+    assert kinds == ["climbing", "random"] * 3
+    assert {t.num_turns for t in make_tasks("mixed", 60)} == {2, 3, 4}
+
+
+def test_easy_preset_is_two_turns_two_options_with_a_per_turn_reward():
+    env = gym.make("seeupo/TurnBandit-v0", variant="easy")
+    task = env.unwrapped.tasks[0]
+    assert (task.num_turns, task.num_options) == (2, 2)
+    assert sorted(set(task.rewards.values())) == [0.0, 0.5, 1.0]
+    obs, _ = env.reset(seed=0)
+    assert len(obs) < 200  # short prompts for a small model
+
+
+def test_check_env_passes():
+    check_env(gym.make("seeupo/TurnBandit-v0").unwrapped)
+    check_env(gym.make("seeupo/TurnBandit-v0", variant="easy").unwrapped)
+
+
+def test_spaces_are_short_unicode_text():
+    env = TurnBanditEnv()
+    assert isinstance(env.observation_space, UnicodeText) and isinstance(env.action_space, UnicodeText)
+    assert len(repr(env.action_space)) < 40
+
+
+def test_playing_the_optimal_joint_action_earns_j_star_and_success():
+    env = TurnBanditEnv(variant="climbing", num_tasks=4)
+    task = env.tasks[2]
+    obs, info = env.reset(options={"task_id": task.task_id})
+    assert info["task_id"] == task.task_id and info["turn"] == 1
+    assert [m["role"] for m in info["messages"]] == ["system", "user"]
+    assert "<think>" in info["messages"][0]["content"] and "A)" in obs
+    _, best = task.optimal()
+    for t, a in enumerate(best, start=1):
+        obs, reward, terminated, truncated, info = env.step(act("ABCD"[a]))
+        assert info["turn"] == t and not truncated
+    assert terminated and reward == pytest.approx(1.0) and info["success"]
+    assert [m["role"] for m in info["messages"]] == ["system"] + ["user", "assistant"] * task.num_turns + ["user"]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("A")
+
+
+def test_rewards_are_zero_until_the_end_and_equal_the_table():
+    env = TurnBanditEnv(variant="random", num_tasks=3)
+    task = env.tasks[1]
+    env.reset(options={"task_id": task.task_id})
+    rewards = []
+    for _ in range(task.num_turns):
+        _, r, terminated, _, info = env.step("B")  # a bare label is accepted
+        rewards.append(r)
+    assert rewards[:-1] == [0.0] * (task.num_turns - 1)
+    assert terminated and rewards[-1] == pytest.approx(task.reward([1] * task.num_turns))
+    assert info["success"] == (task.reward([1] * task.num_turns) == task.optimal_value)
+
+
+@pytest.mark.parametrize(
+    "answer,choice",
+    [("B", 1), ("b", 1), ("(B)", 1), ("B.", 1), ("Option B", 1), ("B) blue door", 1), ("blue door", 1), ("**A**", 0)],
+)
+def test_answer_forms_that_name_an_option(answer, choice):
+    assert parse_choice(answer, ["red door", "blue door", "green door"]) == choice
+
+
+@pytest.mark.parametrize("answer", ["", "D", "B or C", "I pick B", "B) green door", "door", "AB"])
+def test_answer_forms_that_name_no_option(answer):
+    assert parse_choice(answer, ["red door", "blue door", "green door"]) is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "   ", "Z", "<think>never closed B", "x" * 10_000, "\x00\x01\xff", "<think>ok</think>", "<think>a</think> C or A"],
+)
+def test_invalid_actions_cost_a_turn_repeat_the_decision_and_are_visible(bad):
+    env = TurnBanditEnv(variant="climbing", num_tasks=2, invalid_penalty=0.1)
+    task = env.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    obs, reward, terminated, truncated, info = env.step(bad)
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert info["invalid_action"] and info["invalid_actions"] == 1 and info["error"]
+    assert obs.startswith("Invalid action") and f"Step 1 of {task.num_turns}" in obs
+    assert info["turn"] == 1 and info["choices"] == ""
+
+
+def test_invalid_penalty_is_subtracted_from_the_final_reward():
+    env = TurnBanditEnv(variant="climbing", num_tasks=2, invalid_penalty=0.25)
+    task = env.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    env.step("nonsense")
+    _, best = task.optimal()
+    for a in best:
+        _, reward, terminated, _, info = env.step(act("ABC"[a]))
+    assert terminated and reward == pytest.approx(0.75)
+    assert not info["success"]  # strict: an invalid turn spoils success
+
+
+def test_running_out_of_turns_truncates_with_zero_reward():
+    env = TurnBanditEnv(variant="climbing", num_tasks=2, max_turns=5)
+    env.reset(options={"task_id": env.tasks[0].task_id})
+    env.step("A")
+    for _ in range(4):
+        _, reward, terminated, truncated, info = env.step("?")
+    assert truncated and not terminated and reward == 0.0 and not info["success"]
+    assert "Turn limit" in info["messages"][-1]["content"]
+
+
+def test_non_string_action_is_an_error_observation_not_a_crash():
+    env = TurnBanditEnv(num_tasks=2)
+    env.reset(seed=1)
+    obs, _, _, _, info = env.step(None)  # type: ignore[arg-type]
+    assert info["invalid_action"] and "string" in info["error"]
+
+
+def test_reset_draws_tasks_reproducibly_and_rejects_unknown_ids():
+    env = TurnBanditEnv(num_tasks=50)
+    draws = [env.reset(seed=s)[1]["task_id"] for s in range(5)]
+    assert draws == [env.reset(seed=s)[1]["task_id"] for s in range(5)]
+    assert len(set(draws)) > 1
+    with pytest.raises(ValueError, match="unknown TurnBandit task_id"):
+        env.reset(options={"task_id": "nope"})
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"variant": "hard"}, "variant"), ({"options": 1}, "options"), ({"turns": (0, 2)}, "turns"), ({"max_turns": 1}, "max_turns")],
+)
+def test_bad_kwargs_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TurnBanditEnv(**kwargs)
+
+
+def test_keep_think_false_drops_thoughts_from_the_history():
+    env = TurnBanditEnv(num_tasks=2, template=ReActTemplate(keep_think=False))
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(act("A", thought="secret"))
+    assert info["messages"][2] == {"role": "assistant", "content": "A"}
