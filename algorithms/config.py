@@ -55,10 +55,15 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=lambda: {"max_turns": 10})
     # Task ids to train on; null: every task the env lists (its `task_ids`).
     train_tasks: list[str] | None = None
-    # Task ids to evaluate on; null: the training tasks.
+    # Task ids to evaluate on; null: the tasks of the eval env (eval_kwargs) or the training tasks.
     eval_tasks: list[str] | None = None
+    # kwargs merged over `kwargs` for a separate eval env, e.g. {split: test}; null: evaluate
+    # in the training envs.
+    eval_kwargs: dict[str, Any] | None = None
     # Envs stepped together by the vectorized agent (per process).
     num_envs: int = 8
+    # "sync": envs stepped in turn; "async": in a thread pool (envs that wait on servers, AppWorld).
+    vectorization: Literal["sync", "async"] = "sync"
     # Longest context the agent feeds the model; longer episodes end truncated.
     max_context_tokens: int = 8192
 

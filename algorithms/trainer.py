@@ -34,6 +34,8 @@ from algorithms.rollout import RolloutBatch, Trajectory
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "step-"
+# VectorAgent's `info["end"]` for an episode an env exception ended (agents/vector.py).
+ENV_ERROR = "env_error"
 
 
 class RolloutError(RuntimeError):
@@ -108,6 +110,8 @@ class Trainer:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration, set_seed
 
+        import seeupo_gym  # noqa: F401  (registers the env ids; cheap)
+
         self.config = config = _as_config(config)
         self.algorithm = build_algorithm(config)
         self.output_dir = Path(config.log.output_dir)
@@ -127,8 +131,14 @@ class Trainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             save_config(config, self.output_dir / "config.yaml")
 
-        self.train_tasks = list(config.env.train_tasks or env_task_ids(config.env.id, config.env.kwargs))
-        self.eval_tasks = list(config.env.eval_tasks or self.train_tasks)
+        env = config.env
+        self.train_tasks = list(env.train_tasks or env_task_ids(env.id, env.kwargs))
+        if env.eval_tasks:
+            self.eval_tasks = list(env.eval_tasks)
+        elif env.eval_kwargs is not None:
+            self.eval_tasks = env_task_ids(env.id, {**env.kwargs, **env.eval_kwargs})
+        else:
+            self.eval_tasks = list(self.train_tasks)
 
         self._build_models()
         self.state = TrainerState(step=0, config=config.to_dict())
@@ -137,8 +147,9 @@ class Trainer:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
         self.backend = self._make_backend()
-        self.agent = self._make_agent(config.sampling.temperature)
+        self.agent = self._make_agent(env.kwargs)
         self._eval_agent: Any = None
+        self.last_env_errors = 0
         self.metrics_path = self.output_dir / "metrics.jsonl"
         if config.resume_from is not None:
             self.resume(config.resume_from)
@@ -198,30 +209,34 @@ class Trainer:
         return torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
 
     def _sampling(self, temperature: float) -> Any:
-        from agents.backends import SamplingParams
+        from agents.backends.base import SamplingParams
 
         s = self.config.sampling
         return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p)
 
     def _make_backend(self) -> Any:
-        from agents.backends import HFBackend
+        from agents.backends.hf import HFBackend
 
         # The HF backend generates with the very module being trained: syncing is a no-op.
         return HFBackend(self.accelerator.unwrap_model(self.model), self.tokenizer)
 
-    def _make_agent(self, temperature: float) -> Any:
+    def _make_agent(self, env_kwargs: dict[str, Any]) -> Any:
         from agents.vector import VectorAgent
 
         env = self.config.env
-        return VectorAgent(
-            env.id,
-            self.backend,
-            self.tokenizer,
-            num_envs=env.num_envs,
-            sampling=self._sampling(temperature),
-            max_context_tokens=env.max_context_tokens,
-            env_kwargs=dict(env.kwargs),
-        )
+        try:
+            return VectorAgent(
+                env.id,
+                self.backend,
+                self.tokenizer,
+                num_envs=env.num_envs,
+                sampling=self._sampling(self.config.sampling.temperature),
+                max_context_tokens=env.max_context_tokens,
+                env_kwargs=dict(env_kwargs),
+                vectorization=env.vectorization,
+            )
+        except Exception as error:
+            raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
 
     # ------------------------------------------------------------------ the loop
 
@@ -260,6 +275,7 @@ class Trainer:
         collected = time.perf_counter()
 
         record: dict[str, float] = {"step": float(step), **rollout_metrics(batch, prefix="rollout")}
+        record["rollout/env_errors"] = float(self.last_env_errors)
         if len(batch) == 0:
             logger.warning("step %d: no trajectories were collected; skipping the update", step)
             record["update/skipped_empty_batch"] = 1.0
@@ -280,11 +296,17 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """One rollout per eval task at `train.eval_temperature`; logged under eval/."""
-        cfg = self.config.train
-        if self._eval_agent is None:
-            self._eval_agent = self._make_agent(cfg.eval_temperature)
-        tasks = self.eval_tasks[: cfg.eval_tasks_per_eval]
-        batch = self.collect(tasks, 1, seed=_mix(cfg.seed, self.state.step, 2), what="eval", agent=self._eval_agent)
+        cfg, env = self.config.train, self.config.env
+        if env.eval_kwargs is not None and self._eval_agent is None:
+            self._eval_agent = self._make_agent({**env.kwargs, **env.eval_kwargs})
+        agent = self._eval_agent or self.agent
+        train_sampling = agent.sampling
+        agent.sampling = dataclasses.replace(train_sampling, temperature=cfg.eval_temperature)
+        try:
+            tasks = self.eval_tasks[: cfg.eval_tasks_per_eval]
+            batch = self.collect(tasks, 1, seed=_mix(cfg.seed, self.state.step, 2), what="eval", agent=agent)
+        finally:
+            agent.sampling = train_sampling
         record = {"step": float(self.state.step), **rollout_metrics(batch, prefix="eval")}
         self.log(record)
         return record
@@ -325,6 +347,17 @@ class Trainer:
         else:
             errors = [error] if error else []
             gathered = trajectories
+        if not errors:
+            failed = [t for t in gathered if t.info.get("end") == ENV_ERROR]
+            if failed:
+                logger.warning(
+                    "%s: %d of %d episodes hit an env error and are left out of the batch, e.g. task %s: %s",
+                    what, len(failed), len(gathered), failed[0].task_id, failed[0].info.get("error"),
+                )
+                if len(failed) == len(gathered):
+                    errors = [f"every episode hit an env error, e.g. task {failed[0].task_id}: {failed[0].info.get('error')}"]
+                gathered = [t for t in gathered if t.info.get("end") != ENV_ERROR]
+            self.last_env_errors = len(failed)
         if errors:
             raise RolloutError(
                 f"{what}: collecting rollouts on {self.config.env.id} failed after "

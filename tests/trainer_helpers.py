@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
+
+import gymnasium as gym
 
 from algorithms.rollout import RolloutBatch, Trajectory, Turn
 
@@ -36,3 +39,38 @@ def synthetic_batch(
                 )
             )
     return RolloutBatch(trajectories)
+
+
+# --------------------------------------------------------------------------- a shaped BFCL env
+
+SHAPED_BFCL_ID = "test/BFCL-v4-length-shaped-v0"
+
+
+class LengthShapedReward(gym.Wrapper):
+    """The real BFCL env with a small bonus for longer responses added to the final reward.
+
+    The tiny random model never solves a BFCL task, so every reward would be 0 and every
+    advantage 0; the bonus (at most 0.1) gives rollouts of one task different rewards, so an
+    update has a signal. Everything else (data, tools, checker, messages) is the real env.
+    """
+
+    def reset(self, **kwargs):
+        self._chars = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self._chars += len(action)
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            reward = float(reward) + 0.1 * math.tanh(self._chars / 100)
+        return observation, reward, terminated, truncated, info
+
+
+def make_shaped_bfcl(**kwargs) -> gym.Env:
+    import seeupo_gym  # noqa: F401
+
+    return LengthShapedReward(gym.make("seeupo/BFCL-v4-v0", **kwargs))
+
+
+if SHAPED_BFCL_ID not in gym.registry:
+    gym.register(SHAPED_BFCL_ID, entry_point=make_shaped_bfcl)

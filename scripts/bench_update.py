@@ -1,0 +1,113 @@
+"""Wall time of one SeeUPO update versus one GRPO update on the same RolloutBatch.
+
+Same model (a fresh copy of the same initial weights for every run), same samples, same reuse
+(epochs, minibatch_size), same learner as the trainer's. The batch is synthetic but shaped like
+a multi-turn episode: turn t's context is turn t-1's context + response + observation, and
+trajectories end after 1..T turns. The paper reports SeeUPO at ~1.5x GRPO's update time.
+
+    python scripts/bench_update.py                                   # tiny model, full fine-tuning
+    python scripts/bench_update.py --model embedded --lora 8 --tasks 2 --group 4 --turns 3 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+import torch
+from accelerate import Accelerator
+
+from agents.models import load_model
+from algorithms.base import make_algorithm
+from algorithms.learner import LLMLearner, frozen_copy
+from algorithms.rollout import RolloutBatch, Trajectory, Turn
+
+
+def multi_turn_batch(
+    tasks: int, group: int, turns: int, context: int, response: int, observation: int, vocab: int, seed: int
+) -> RolloutBatch:
+    rng = random.Random(seed)
+    trajectories = []
+    for task in range(tasks):
+        prompt = [rng.randrange(vocab) for _ in range(context)]
+        for g in range(group):
+            ids = list(prompt)
+            turn_list = []
+            for _ in range(rng.randint(1, turns)):
+                reply = [rng.randrange(vocab) for _ in range(rng.randint(response // 2, response))]
+                turn_list.append(Turn(list(ids), reply, [0.0] * len(reply)))
+                ids += reply + [rng.randrange(vocab) for _ in range(rng.randint(observation // 2, observation))]
+            trajectories.append(Trajectory(f"t{task}", f"t{task}", f"t{task}-{g}", turn_list, rng.random(), False))
+    return RolloutBatch(trajectories)
+
+
+def time_update(name: str, options: dict, base_model, tokenizer, batch: RolloutBatch, lora: bool, lr: float, fbs: int) -> tuple[float, dict]:
+    model = copy.deepcopy(base_model)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    reference = None if lora else frozen_copy(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    learner = LLMLearner(
+        accelerator, model, optimizer, pad_token_id=tokenizer.pad_token_id, reference=reference, forward_batch_size=fbs
+    )
+    algorithm = make_algorithm(name, options)
+    started = time.perf_counter()
+    metrics = algorithm.update(batch, learner, torch.Generator().manual_seed(0))
+    return time.perf_counter() - started, metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="tiny | embedded | HF id / path")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4, help="T_max; trajectories have 1..T_max turns")
+    parser.add_argument("--context", type=int, default=256, help="first-turn context tokens")
+    parser.add_argument("--response", type=int, default=48, help="max response tokens per turn")
+    parser.add_argument("--observation", type=int, default=32, help="max observation tokens per turn")
+    parser.add_argument("--minibatch-size", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--forward-batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--algorithms", default="grpo,seeupo")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    lora = {"r": args.lora, "alpha": 2 * args.lora} if args.lora else None
+    model, tokenizer = load_model(args.model, lora=lora, device="cuda" if torch.cuda.is_available() else "cpu")
+    batch = multi_turn_batch(
+        args.tasks, args.group, args.turns, args.context, args.response, args.observation, vocab=min(len(tokenizer), 32000), seed=0
+    )
+    samples = batch.samples()
+    print(
+        f"model={args.model} lora={args.lora or 'off'} trajectories={len(batch)} turn samples={len(samples)} "
+        f"T_max={batch.max_turns} response tokens={batch.num_response_tokens()} "
+        f"max context={max(len(s.turn.context_ids) for s in samples)} minibatch={args.minibatch_size} epochs={args.epochs}"
+    )
+    options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
+    names = args.algorithms.split(",")
+    # One untimed warm-up update (allocator, kernels, lazy imports).
+    time_update(names[0], options, model, tokenizer, batch, lora is not None, 1e-5, args.forward_batch_size)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    steps: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for name in names:  # interleaved, so machine load drifts hit both alike
+            seconds, metrics = time_update(name, options, model, tokenizer, batch, lora is not None, 1e-5, args.forward_batch_size)
+            times[name].append(seconds)
+            steps[name] = metrics.get("optimizer_steps", float("nan"))
+    for name in names:
+        print(f"{name:>8}: median {statistics.median(times[name]):7.2f} s over {args.repeats} "
+              f"(runs {', '.join(f'{t:.2f}' for t in times[name])}), optimizer steps {steps[name]:.0f}")
+    if "grpo" in times and "seeupo" in times:
+        ratio = statistics.median(times["seeupo"]) / statistics.median(times["grpo"])
+        print(f"seeupo / grpo update time: {ratio:.2f}x (paper: ~1.5x; target <= 1.2x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The trainer end to end on CPU: tiny model, real BFCL env, real accelerate.
+
+The update tests use the BFCL env with a small length bonus on the final reward
+(`trainer_helpers.LengthShapedReward`): the tiny random model never solves a task, so with the
+plain reward every advantage is 0 and no algorithm would move the weights. The plain env is
+trained on in `test_cli_*`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import trainer_helpers
+from trainer_helpers import SHAPED_BFCL_ID
+
+from agents.models import load_model
+from algorithms.config import ConfigError, load_config
+from algorithms.trainer import RolloutError, Trainer, checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
+# The BFCL tasks with the shortest prompts (~1.5k tokens), to keep the CPU tests fast.
+SHORT_TASKS = ["multi_turn_miss_func_146", "multi_turn_miss_func_121"]
+
+
+def tiny_config(tmp_path: Path, *overrides: str):
+    return load_config(
+        ROOT / "configs" / "tiny-cpu.yaml",
+        [
+            f"log.output_dir={tmp_path / 'run'}",
+            "log.trackers=[]",
+            "log.progress_bars=false",
+            f"env.id={SHAPED_BFCL_ID}",
+            f"plugins=[{trainer_helpers.__file__}]",
+            f"env.train_tasks=[{', '.join(SHORT_TASKS)}]",
+            "env.kwargs={max_turns: 2}",
+            "train.tasks_per_step=1",
+            "train.group_size=2",
+            "sampling.max_new_tokens=4",
+            "train.save_every=0",
+            *overrides,
+        ],
+    )
+
+
+def trainable_changed(model: torch.nn.Module) -> float:
+    """Largest absolute change of any weight against the tiny model's initial weights."""
+    initial, _ = load_model("tiny", seed=0)
+    start = dict(initial.named_parameters())
+    changed = 0.0
+    for name, param in model.named_parameters():
+        name = name.removeprefix("module.")
+        changed = max(changed, float((param.detach() - start[name]).abs().max()))
+    return changed
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "gspo", "seeupo"])
+def test_each_algorithm_trains_two_steps_on_bfcl_with_length_shaped_reward(tmp_path, algorithm):
+    config = tiny_config(tmp_path, f"algorithm.name={algorithm}", "train.steps=2")
+    with Trainer(config) as trainer:
+        records = trainer.train()
+        assert trainer.state.step == 2
+        assert trainable_changed(trainer.accelerator.unwrap_model(trainer.model)) > 1e-4
+        if trainer.value_model is not None:
+            assert algorithm == "ppo"
+    train_records = [r for r in records if "rollout/trajectories" in r]
+    assert [r["step"] for r in train_records] == [1.0, 2.0]
+    for record in train_records:
+        assert record["rollout/trajectories"] == 2.0  # 1 task x 2 rollouts
+        assert 0 < record["rollout/reward_mean"] <= 0.1  # the length bonus, BFCL itself scores 0
+        assert record["update/optimizer_steps"] >= 1
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert [p.name for p in checkpoints(tmp_path / "run" / "checkpoints")] == ["step-2"]
+
+
+def test_lora_run_trains_only_the_adapter(tmp_path):
+    config = tiny_config(tmp_path, "model.lora={r: 4, alpha: 8}", "train.steps=1", "env.kwargs={max_turns: 1}",
+                         "optim.lr=1e-2")
+    with Trainer(config) as trainer:
+        trainer.train()
+        peft_model = trainer.accelerator.unwrap_model(trainer.model)
+        assert trainer.learner.reference is None  # the reference is the base, adapter disabled
+        base = peft_model.get_base_model()
+        initial, _ = load_model("tiny", seed=0)
+        lora_moved = base_moved = 0.0
+        for name, param in base.named_parameters():
+            if "lora_" in name:
+                if "lora_B" in name:
+                    lora_moved = max(lora_moved, float(param.detach().abs().max()))  # B starts at 0
+                continue
+            original = dict(initial.named_parameters())[name.replace(".base_layer", "")]
+            base_moved = max(base_moved, float((param.detach() - original).abs().max()))
+    assert lora_moved > 0 and base_moved == 0
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_eval_runs_greedy_rollouts_and_logs_them(tmp_path):
+    config = tiny_config(tmp_path, "train.steps=1", "train.eval_every=1", "train.eval_tasks_per_eval=2",
+                         "env.kwargs={max_turns: 1}", "algorithm.name=grpo")
+    with Trainer(config) as trainer:
+        records = trainer.train()
+        assert trainer.agent.sampling.temperature == 1.0  # restored after eval
+    evals = [r for r in records if "eval/trajectories" in r]
+    assert len(evals) == 1 and evals[0]["eval/trajectories"] == 2.0 and evals[0]["step"] == 1.0
+
+
+def test_cli_trains_a_step_on_real_bfcl_and_writes_metrics_tensorboard_and_checkpoint(tmp_path):
+    from scripts.train import main
+
+    out = tmp_path / "cli"
+    code = main([
+        "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
+        f"log.output_dir={out}", f"env.train_tasks=[{SHORT_TASKS[0]}]", "env.kwargs={max_turns: 1}",
+        "train.steps=1", "train.tasks_per_step=1", "sampling.max_new_tokens=4", "log.progress_bars=false",
+    ])
+    assert code == 0
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["step"] == 1 and record["rollout/reward_mean"] == 0.0  # a random model fails BFCL
+    assert list((out / "logs").rglob("events.out.tfevents.*"))
+    checkpoint = out / "checkpoints" / "step-1"
+    assert (checkpoint / "config.yaml").is_file() and (checkpoint / "model.safetensors").is_file()
+
+
+def test_cli_reports_a_bad_config_key_and_exits_2(tmp_path, capsys):
+    from scripts.train import main
+
+    assert main(["--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "optim.learning_rate=1"]) == 2
+    assert "optim.learning_rate" in capsys.readouterr().err
+
+
+def test_a_failing_env_is_retried_then_reported_with_the_env_error(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, "train.steps=1", "train.rollout_retries=1", "env.kwargs={max_turns: 1}")
+    with Trainer(config) as trainer:
+        calls = []
+
+        def broken_collect(tasks, group_size, seed):  # stands in for an env that keeps failing
+            calls.append(tasks)
+            raise ConnectionError("env server on 127.0.0.1:9 refused the connection")
+
+        monkeypatch.setattr(trainer.agent, "collect", broken_collect)
+        with pytest.raises(RolloutError, match=r"failed after 2 attempt\(s\).*ConnectionError: env server"):
+            trainer.train()
+        assert len(calls) == 2 and trainer.state.step == 0
+
+
+def test_unknown_env_and_missing_resume_checkpoint_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="seeupo/NoSuchEnv-v0"):
+        Trainer(tiny_config(tmp_path, "env.id=seeupo/NoSuchEnv-v0", "env.train_tasks=null"))
+    with pytest.raises(ConfigError, match="resume_from .* is not a checkpoint folder"):
+        Trainer(tiny_config(tmp_path, f"resume_from={tmp_path / 'nowhere'}"))
