@@ -118,6 +118,17 @@ def test_reset_and_step_follow_the_env_contract(make_env):
     assert info["messages"][3]["content"] == obs
 
 
+def test_completing_through_a_name_bound_in_an_earlier_turn_ends_the_episode(make_env):
+    env = make_env()
+    env.reset(options={"task_id": "minivenmo_1"})
+    _, _, terminated, _, _ = env.step(render_action("finish = apis.supervisor.complete_task"))
+    assert not terminated
+    _, _, terminated, _, _ = env.step(render_action("balance = 182.5"))
+    assert not terminated
+    _, reward, terminated, _, info = env.step(render_action("finish(answer=balance)"))
+    assert (reward, terminated, info["success"], info["turn"]) == (1.0, True, True, 3)
+
+
 def test_reset_draws_tasks_from_the_split_reproducibly(make_env):
     env = make_env()
     drawn = [env.reset(seed=seed)[1]["task_id"] for seed in (0, 1, 2, 0)]

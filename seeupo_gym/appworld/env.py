@@ -168,6 +168,7 @@ class AppWorldEnv(gym.Env[str, str]):
         self._task_id: str | None = None
         self._messages: list[dict[str, str]] = []
         self._turn = 0
+        self._completion_named = False
         self._done = True
 
     # ------------------------------------------------------------------ gym API
@@ -183,6 +184,7 @@ class AppWorldEnv(gym.Env[str, str]):
         self._done = True
         task = self._open_world(str(task_id))
         self._task_id = str(task_id)
+        self._completion_named = False
         self._turn = 0
         self._done = False
         system = self.template.system_prompt(
@@ -221,7 +223,11 @@ class AppWorldEnv(gym.Env[str, str]):
                     timeout=self.timeout_seconds + self.response_grace_s,
                     idempotent=False,
                 ))
-                terminated = bool(self._server.post("/task_completed", {"task_id": self._task_id}, timeout=60.0))
+                # Saves a round trip per step: with the guard's rules (no dunders, literal getattr
+                # names) the task can only be completed by code that names `complete_task`.
+                self._completion_named = self._completion_named or "complete_task" in code
+                if self._completion_named:
+                    terminated = bool(self._server.post("/task_completed", {"task_id": self._task_id}, timeout=60.0))
             except ServerError as failure:  # the world survives a failed request
                 error = f"the environment could not run this code ({failure})"
                 observation = f"Error: {error}."
