@@ -284,6 +284,8 @@ class AppWorldEnv(gym.Env[str, str]):
                 if attempt == 1:
                     raise
                 continue
+            except ServerError as failure:  # AppWorld answers a broken task with a bare 500; its log says why
+                raise ServerError(f"opening task {task_id!r}: {failure}\nserver log:\n{server.log_tail()}") from failure
             server.episodes += 1
             return task
         raise AssertionError("unreachable")
