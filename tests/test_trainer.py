@@ -9,51 +9,13 @@ trained on in `test_cli_*`.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import torch
-import trainer_helpers
-from trainer_helpers import SHAPED_BFCL_ID
+from trainer_helpers import ROOT, SHORT_TASKS, tiny_config, trainable_changed
 
 from agents.models import load_model
-from algorithms.config import ConfigError, load_config
+from algorithms.config import ConfigError
 from algorithms.trainer import RolloutError, Trainer, checkpoints
-
-ROOT = Path(__file__).resolve().parent.parent
-# The BFCL tasks with the shortest prompts (~1.5k tokens), to keep the CPU tests fast.
-SHORT_TASKS = ["multi_turn_miss_func_146", "multi_turn_miss_func_121"]
-
-
-def tiny_config(tmp_path: Path, *overrides: str):
-    return load_config(
-        ROOT / "configs" / "tiny-cpu.yaml",
-        [
-            f"log.output_dir={tmp_path / 'run'}",
-            "log.trackers=[]",
-            "log.progress_bars=false",
-            f"env.id={SHAPED_BFCL_ID}",
-            f"plugins=[{trainer_helpers.__file__}]",
-            f"env.train_tasks=[{', '.join(SHORT_TASKS)}]",
-            "env.kwargs={max_turns: 2}",
-            "train.tasks_per_step=1",
-            "train.group_size=2",
-            "sampling.max_new_tokens=4",
-            "train.save_every=0",
-            *overrides,
-        ],
-    )
-
-
-def trainable_changed(model: torch.nn.Module) -> float:
-    """Largest absolute change of any weight against the tiny model's initial weights."""
-    initial, _ = load_model("tiny", seed=0)
-    start = dict(initial.named_parameters())
-    changed = 0.0
-    for name, param in model.named_parameters():
-        name = name.removeprefix("module.")
-        changed = max(changed, float((param.detach() - start[name]).abs().max()))
-    return changed
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo", "gspo", "seeupo"])

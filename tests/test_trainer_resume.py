@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_trainer import tiny_config
+from trainer_helpers import tiny_config
 
 from algorithms.trainer import Trainer, checkpoints
 

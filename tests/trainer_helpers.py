@@ -7,6 +7,11 @@ import random
 
 import gymnasium as gym
 
+from pathlib import Path
+
+import torch
+
+from algorithms.config import Config, load_config
 from algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 
@@ -74,3 +79,44 @@ def make_shaped_bfcl(**kwargs) -> gym.Env:
 
 if SHAPED_BFCL_ID not in gym.registry:
     gym.register(SHAPED_BFCL_ID, entry_point=make_shaped_bfcl)
+
+
+# --------------------------------------------------------------------------- trainer configs
+
+ROOT = Path(__file__).resolve().parent.parent
+# The BFCL tasks with the shortest prompts (~1.5k tokens), to keep the CPU tests fast.
+SHORT_TASKS = ["multi_turn_miss_func_146", "multi_turn_miss_func_121"]
+
+
+def tiny_config(tmp_path: Path, *overrides: str) -> Config:
+    """configs/tiny-cpu.yaml on the length-shaped BFCL env, 1 task x 2 rollouts, 4 new tokens."""
+    return load_config(
+        ROOT / "configs" / "tiny-cpu.yaml",
+        [
+            f"log.output_dir={tmp_path / 'run'}",
+            "log.trackers=[]",
+            "log.progress_bars=false",
+            f"env.id={SHAPED_BFCL_ID}",
+            f"plugins=[{__file__}]",
+            f"env.train_tasks=[{', '.join(SHORT_TASKS)}]",
+            "env.kwargs={max_turns: 2}",
+            "train.tasks_per_step=1",
+            "train.group_size=2",
+            "sampling.max_new_tokens=4",
+            "train.save_every=0",
+            *overrides,
+        ],
+    )
+
+
+def trainable_changed(model: torch.nn.Module) -> float:
+    """Largest absolute change of any weight against the tiny model's initial weights."""
+    from agents.models import load_model
+
+    initial, _ = load_model("tiny", seed=0)
+    start = dict(initial.named_parameters())
+    changed = 0.0
+    for name, param in model.named_parameters():
+        name = name.removeprefix("module.")
+        changed = max(changed, float((param.detach() - start[name]).abs().max()))
+    return changed
