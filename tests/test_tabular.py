@@ -1,0 +1,107 @@
+"""The tabular softmax learner and exact TurnBandit evaluation; SeeUPO's improvement and convergence on it."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from algorithms.base import make_algorithm
+from algorithms.tabular import TabularPolicy, context_ids, expected_batch, sample_batch
+from seeupo_gym.turnbandit import make_tasks
+
+torch.set_num_threads(1)
+
+
+def test_logprobs_follow_the_table_and_autograd_only_when_asked():
+    tasks = make_tasks("random", 2, seed=0, turns=(2, 2), options=3)
+    policy = TabularPolicy(tasks)
+    with torch.no_grad():
+        policy.logits[policy.index[(1, 2)]] = torch.tensor([0.0, math.log(2.0), math.log(5.0)])
+    batch = sample_batch(policy, 4, torch.Generator().manual_seed(0))
+    samples = batch.samples()
+    out = policy.logprobs(samples)
+    assert out.logprobs.shape == (len(samples), 1) and out.mask.all() and out.logprobs.requires_grad
+    assert not policy.logprobs(samples, grad=False).logprobs.requires_grad
+    assert policy.probs(1, (2,)).tolist() == pytest.approx([1 / 8, 2 / 8, 5 / 8])
+    for s, lp in zip(samples, out.logprobs[:, 0].tolist()):
+        assert lp == pytest.approx(s.turn.sample_logprobs[0])  # what the sampler saw
+
+
+def test_reference_is_the_initial_table_and_optimize_moves_the_policy_only():
+    tasks = make_tasks("climbing", 1, seed=0)
+    policy = TabularPolicy(tasks, lr=1.0)
+    samples = sample_batch(policy, 8, torch.Generator().manual_seed(1)).samples()
+    ref_before = policy.ref_logprobs(samples).logprobs.clone()
+    loss = -policy.logprobs(samples).logprobs.sum() + (policy.values(samples) ** 2).sum()
+    metrics = policy.optimize(loss)
+    assert metrics["grad_norm"] > 0 and policy.optimizer_steps == 1
+    assert not torch.allclose(policy.logprobs(samples, grad=False).logprobs, ref_before)
+    assert torch.equal(policy.ref_logprobs(samples).logprobs, ref_before)
+
+
+def test_exact_return_enumerates_joint_actions():
+    tasks = make_tasks("mixed", 3, seed=2)
+    policy = TabularPolicy(tasks)
+    with torch.no_grad():
+        policy.logits.normal_(generator=torch.Generator().manual_seed(0))
+    for k, task in enumerate(tasks):
+        table = policy.log_probs_table().exp()
+        brute = 0.0
+        for actions in itertools.product(range(task.num_options), repeat=task.num_turns):
+            p = math.prod(float(table[policy.index[tuple(context_ids(k, actions[:t]))], a]) for t, a in enumerate(actions))
+            brute += p * task.reward(actions)
+        assert policy.exact_return(k) == pytest.approx(brute)
+        assert sum(policy.joint_action_probabilities(k).values()) == pytest.approx(1.0)
+
+
+def test_sampled_batches_follow_the_policy():
+    tasks = make_tasks("random", 1, seed=0, turns=(2, 2), options=2)
+    policy = TabularPolicy(tasks)
+    with torch.no_grad():
+        policy.logits.normal_(generator=torch.Generator().manual_seed(4))
+    batch = sample_batch(policy, 4000, torch.Generator().manual_seed(0))
+    mean_reward = sum(t.reward for t in batch) / len(batch)
+    assert mean_reward == pytest.approx(policy.exact_return(0), abs=0.03)  # ~4 standard errors
+
+
+def test_expected_batch_has_g_rollouts_per_task_in_proportion_to_the_policy():
+    tasks = make_tasks("mixed", 2, seed=0)
+    policy = TabularPolicy(tasks)
+    with torch.no_grad():
+        policy.logits.normal_(generator=torch.Generator().manual_seed(0))
+    batch = expected_batch(policy, 500)
+    for k, task in enumerate(tasks):
+        group = batch.groups()[task.task_id]
+        assert len(group) == 500
+        probs = policy.joint_action_probabilities(k)
+        for actions, p in probs.items():
+            count = sum(tuple(turn.response_ids[0] for turn in t.turns) == actions for t in group)
+            assert abs(count - 500 * p) < 1.0
+
+
+def test_policy_rejects_a_context_it_does_not_know():
+    tasks = make_tasks("random", 1, seed=0)
+    other = sample_batch(TabularPolicy(make_tasks("random", 2, seed=0)), 1, torch.Generator()).samples()
+    with pytest.raises(KeyError, match="context"):
+        TabularPolicy(tasks).logprobs([s for s in other if s.turn.context_ids[0] == 1])
+
+
+# --- SeeUPO on exact(ly expected) batches --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["reverse", "random"])
+def test_seeupo_exact_return_never_decreases_with_small_steps(order):
+    # Deterministic batches that follow the policy (no sampling noise), small SGD steps.
+    tasks = make_tasks("mixed", 4, seed=1, turns=(2, 3))
+    policy = TabularPolicy(tasks, lr=2.0)
+    algorithm = make_algorithm("seeupo", {"order": order, "kl_coef": 0.0, "minibatch_size": 10_000})
+    generator = torch.Generator().manual_seed(0)
+    returns = [[policy.exact_return(k) for k in range(len(tasks))]]
+    for _ in range(15):
+        algorithm.update(expected_batch(policy, 200), policy, generator)
+        returns.append([policy.exact_return(k) for k in range(len(tasks))])
+    for before, after in zip(returns, returns[1:]):
+        for k in range(len(tasks)):
+            assert after[k] >= before[k] - 1e-9, (k, before[k], after[k])
+    assert all(returns[-1][k] > returns[0][k] + 0.05 for k in range(len(tasks)))  # and it did improve
