@@ -153,16 +153,22 @@ def sample_next(
     if sampling.temperature == 0:
         token = logits.argmax(dim=-1)
         return token, logits.log_softmax(-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-    logp = (logits / sampling.temperature).log_softmax(-1)
-    probs = logp.exp()
+    scaled = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+    log_normalizer = scaled.logsumexp(-1, keepdim=True)
+    probs = (scaled - log_normalizer).exp()
     if sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Drop a token when the mass before it already reaches top_p (the top token always stays).
         drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return token, logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary
+    # entry on CPU, which costs more than the tiny model's whole forward).
+    cdf = probs.cumsum(-1)
+    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device)
+    token = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=probs.shape[-1] - 1).squeeze(-1)
+    token_logprob = (scaled.gather(-1, token.unsqueeze(-1)) - log_normalizer).squeeze(-1)
+    return token, token_logprob
 
 
 def default_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[int, ...]:
