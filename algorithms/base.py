@@ -108,7 +108,8 @@ class UpdatePhase:
     weights: dict[str, float]
     optimizer_steps: int
     # SeeUPO: s(y_{i,t}) under the parameters after this phase, by rollout_id (the factor M_i
-    # was multiplied by); empty when not computed (e.g. after the last phase of a step).
+    # was multiplied by), for the trajectories that still have a turn to update; empty after the
+    # last phase of a step, where nothing reads M again.
     ratios_after: dict[str, float] = field(default_factory=dict)
 
 

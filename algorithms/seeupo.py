@@ -104,11 +104,15 @@ class SeeUPO(Algorithm):
                 opt_metrics.append(learner.optimize(loss))
                 stats.append(stat)
 
+            # M_i is read again only if trajectory i has a turn in a pool still to come; the forward
+            # pass for s(y_{i,t}) is spent on those samples alone (none after the last pool).
+            later = {s.rollout_id for _, later_pool in pools[position + 1 :] for s in later_pool}
+            needed = [s for s in pool if s.rollout_id in later]
             ratios_after: dict[str, float] = {}
-            if position < len(pools) - 1:  # after the last pool nothing reads M: skip the forward
-                after = core.frozen_logprobs(learner, pool, cfg.minibatch_size)
-                ratios = core.frozen_sequence_ratios(after, old, pool).tolist()
-                for s, ratio in zip(pool, ratios):
+            if needed:
+                after = core.frozen_logprobs(learner, needed, cfg.minibatch_size)
+                ratios = core.frozen_sequence_ratios(after, old, needed).tolist()
+                for s, ratio in zip(needed, ratios):
                     ratios_after[s.rollout_id] = ratio
                     factor[s.rollout_id] *= ratio  # M_i <- M_i * s(y_{i,t})
             self.record_phase(

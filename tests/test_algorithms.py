@@ -212,6 +212,8 @@ def test_natural_order_updates_pools_1_2_3():
     algo = make_algorithm("seeupo", {"order": "natural", "kl_coef": 0.0})
     algo.update(pool_batch(policy), policy, GEN())
     assert [p.turn for p in algo.schedule] == [1, 2, 3]
+    # r5 ends at turn 2: nothing reads its M after pool 2, so no ratio is computed for it there.
+    assert "r5" in algo.schedule[0].ratios_after and "r5" not in algo.schedule[1].ratios_after
     assert algo.schedule[1].weights["r0"] == pytest.approx(
         algo.schedule[0].weights["r0"] * algo.schedule[0].ratios_after["r0"]
     )
