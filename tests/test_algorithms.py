@@ -253,7 +253,7 @@ def test_m_follows_its_trajectory_when_a_pool_is_shuffled_into_minibatches():
     m = algo.schedule[-1].weights
     for k, t in enumerate(batch):
         row, action = policy.index[(k,)], t.turns[0].response_ids[0]
-        moved = float(policy.logits[row, action] - before[row, action])
+        moved = float(policy.logits.detach()[row, action] - before[row, action])
         assert moved == pytest.approx(lr * m[t.rollout_id] * (1 - float(probs_before[row, action])), abs=1e-6)
 
 
