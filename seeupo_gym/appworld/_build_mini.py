@@ -15,6 +15,8 @@ moves the folder into place and writes `.built`. Everything is fixed: same input
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -421,8 +423,9 @@ def _write_task(task: MiniTask, data_dir: str, api_docs: dict) -> None:
         models = ModelCollection.load(to_db_home_path=f":memory:mini-build-{task.task_id}", load_apps=apps,
                                       create_db=True)
         _populate(models, task.instruction, api_docs)
-        models.save(db_home_path=os.path.join(task_dir, "dbs"), format="full", app_names=list(apps),
-                    delete_if_exists=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # AppWorld prints a line per file it writes
+            models.save(db_home_path=os.path.join(task_dir, "dbs"), format="full", app_names=list(apps),
+                        delete_if_exists=True)
         models.close()
     finally:
         freezer.stop()
