@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -118,6 +119,9 @@ class Trainer:
 
         if accelerator is None:
             accelerator = Accelerator(
+                # Launched as several processes (`accelerate launch --multi_gpu`, torchrun) on a
+                # machine without GPUs: accelerate runs them as MULTI_CPU (gloo) only when told cpu.
+                cpu=bool(os.environ.get("LOCAL_RANK")) and not torch.cuda.is_available(),
                 log_with=list(config.log.trackers) or None,
                 project_config=ProjectConfiguration(project_dir=str(self.output_dir), logging_dir=str(self.output_dir / "logs")),
                 # Forward passes differ in number across processes (each scores its own share),
@@ -126,6 +130,9 @@ class Trainer:
             )
         self.accelerator = accelerator
         self.is_main = accelerator.is_main_process
+        if self.is_main:
+            logger.info("accelerate: %s, %d process(es), device %s", accelerator.distributed_type,
+                        accelerator.num_processes, accelerator.device)
         set_seed(config.train.seed)
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -398,6 +405,7 @@ class Trainer:
             shutil.rmtree(partial)
         acc.wait_for_everyone()
         acc.save_state(str(partial))
+        acc.wait_for_everyone()  # every process's RNG file is in `partial` before it is renamed
         if self.is_main:
             unwrapped = acc.unwrap_model(self.model)
             if hasattr(unwrapped, "peft_config"):

@@ -12,15 +12,20 @@ import pytest
 import torch
 from trainer_helpers import ROOT, SHAPED_BFCL_ID, SHORT_TASKS
 
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_machines", "1",
+# `--cpu` would start a single process; several CPU processes come from the multi-process
+# launcher, and the trainer asks accelerate for gloo when no GPU is there.
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-def launch(num_processes: int, *args: str) -> subprocess.CompletedProcess:
+def launch(num_processes: int, *args: str, multi: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*ACCELERATE, "--num_processes", str(num_processes), *args], cwd=ROOT, env=env,
+    command = ACCELERATE if multi else [a for a in ACCELERATE if a != "--multi_gpu"]
+    result = subprocess.run([*command, "--num_processes", str(num_processes), *args], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    if multi:
+        assert "MULTI_CPU" in result.stdout + result.stderr, "the launch did not start a gloo process group"
     return result
 
 
@@ -49,7 +54,7 @@ def test_two_process_update_equals_the_one_process_update(tmp_path, algorithm):
     script = str(ROOT / "tests" / "trainer_ddp_update.py")
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    launch(1, script, algorithm, str(tmp_path / "one"))
+    launch(1, script, algorithm, str(tmp_path / "one"), multi=False)
     launch(2, script, algorithm, str(tmp_path / "two"))
     one = torch.load(tmp_path / "one" / "weights.pt")
     two = torch.load(tmp_path / "two" / "weights.pt")

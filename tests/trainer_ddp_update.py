@@ -25,6 +25,7 @@ from algorithms.learner import LLMLearner, frozen_copy  # noqa: E402
 def main() -> None:
     algorithm_name, out = sys.argv[1], Path(sys.argv[2])
     accelerator = Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+    print(f"distributed_type={accelerator.distributed_type} processes={accelerator.num_processes}", flush=True)
     model, tokenizer = load_model("tiny", seed=0)
     reference = frozen_copy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
