@@ -269,3 +269,18 @@ def test_four_async_envs_run_episodes_concurrently_on_separate_servers():
     finally:
         envs.close()
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in server_pids)
+
+
+@pytest.mark.slow
+def test_a_pool_recycles_its_server_after_recycle_after_episodes():
+    with ServerPool(MINI, recycle_after=2) as own_pool:
+        env = AppWorldEnv(split="mini", server_pool=own_pool)
+        try:
+            pids = [env.reset(options={"task_id": "mininote_1"})[1]["server_pid"] for _ in range(3)]
+            assert pids[0] == pids[1] != pids[2]
+            assert env.server.restarts == 1
+            _, reward, _, _, _ = env.step(render_action(solution("mininote_1")))
+            assert reward == 1.0
+        finally:
+            env.close()
+    assert not any(psutil.pid_exists(pid) for pid in pids)
