@@ -105,3 +105,36 @@ def test_seeupo_exact_return_never_decreases_with_small_steps(order):
         for k in range(len(tasks)):
             assert after[k] >= before[k] - 1e-9, (k, before[k], after[k])
     assert all(returns[-1][k] > returns[0][k] + 0.05 for k in range(len(tasks)))  # and it did improve
+
+
+def run_seeupo(tasks, batches, iterations: int, seed: int = 0, lr: float = 0.1, **options) -> TabularPolicy:
+    policy = TabularPolicy(tasks, lr=lr, optimizer="adam")
+    algorithm = make_algorithm("seeupo", {"order": "reverse", "kl_coef": 0.0, "minibatch_size": 10_000, **options})
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(iterations):
+        algorithm.update(batches(policy, generator), policy, generator)
+    return policy
+
+
+def test_reverse_seeupo_reaches_the_optimum_of_every_deceptive_instance_on_expected_batches():
+    tasks = make_tasks("climbing", 4, seed=0, turns=(2, 3))
+    assert all(t.deceptive for t in tasks)
+    policy = run_seeupo(tasks, lambda p, g: expected_batch(p, 100), iterations=50)
+    ratios = [policy.exact_return(k) / t.optimal_value for k, t in enumerate(tasks)]
+    assert min(ratios) >= 0.99, ratios
+
+
+# Finding (see the report): with sampled batches the claim does not hold for every seed. On the 8-task
+# climbing suite (task seed 0, K=3, T=2..4), G=32, Adam lr 0.1, 200 iterations, reverse SeeUPO ends within 1%
+# of J* on 23 of 24 (seed, task) runs; seed 2 collapses on task climbing-0-5's decoy first option
+# (J/J* = 0.80): once the first turn stops sampling the optimal option, its continuation gets no samples
+# and cannot learn that the optimum lies behind it. Exact (expected) batches do not collapse (test above).
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="sampled SeeUPO can collapse on a deceptive decoy (finding)")
+def test_reverse_seeupo_reaches_the_optimum_on_every_deceptive_instance_for_every_seed():
+    tasks = make_tasks("climbing", 8, seed=0)
+    misses = []
+    for seed in range(3):
+        policy = run_seeupo(tasks, lambda p, g: sample_batch(p, 32, g), iterations=200, seed=seed)
+        misses += [(seed, t.task_id, round(policy.exact_return(k), 3)) for k, t in enumerate(tasks) if policy.exact_return(k) < 0.99 * t.optimal_value]
+    assert misses == []
