@@ -197,13 +197,18 @@ class LLMLearner:
         device = self.accelerator.device
         if not samples:
             return torch.zeros((0, width), device=device)
-        # With grad one forward (a single graph for one backward); without, bounded pieces.
-        size = len(samples) if grad else self.forward_batch_size
-        parts = []
-        for k in range(0, len(samples), size):
-            part = compute(samples[k : k + size])
-            parts.append(nn.functional.pad(part.float(), (0, width - part.shape[1])))
-        return torch.cat(parts, dim=0)
+        if grad or len(samples) <= self.forward_batch_size:
+            # With grad: one forward, a single graph for one backward.
+            part = compute(samples)
+            return nn.functional.pad(part.float(), (0, width - part.shape[1]))
+        # Without grad: bounded pieces of similar length, so little compute goes into padding.
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].turn.context_ids) + len(samples[i].turn.response_ids))
+        out = torch.zeros((len(samples), width), device=device)
+        for k in range(0, len(order), self.forward_batch_size):
+            rows = order[k : k + self.forward_batch_size]
+            part = compute([samples[i] for i in rows]).float()
+            out[torch.tensor(rows, device=device), : part.shape[1]] = part
+        return out
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

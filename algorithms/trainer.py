@@ -177,8 +177,9 @@ class Trainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if lora is not None:
                 model.enable_input_require_grads()
-        # Ratios must be exact: no dropout in any pass, training included.
-        model.eval()
+        # Ratios must be exact, so no dropout in any pass: eval mode throughout, except that
+        # transformers only checkpoints activations in train mode (then keep dropout at 0).
+        model.train(cfg.model.gradient_checkpointing)
         reference = None if lora is not None else frozen_copy(model)
         optimizer = self._optimizer(model, cfg.optim.lr)
 
@@ -257,6 +258,7 @@ class Trainer:
             desc=f"train {self.algorithm.name}",
             disable=not (self.is_main and self.config.log.progress_bars),
         )
+        saved_at = -1
         try:
             while self.state.step < cfg.steps:
                 record = self.train_step()
@@ -268,6 +270,12 @@ class Trainer:
                     records.append(self.evaluate())
                 if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                     self.save_checkpoint()
+                    saved_at = step
+        except RolloutError:
+            # Keep the steps done so far: the run resumes from here once the env is fixed.
+            if self.state.step > 0 and saved_at != self.state.step:
+                self.save_checkpoint()
+            raise
         finally:
             bar.close()
         return records
@@ -287,7 +295,6 @@ class Trainer:
             logger.warning("step %d: no trajectories were collected; skipping the update", step)
             record["update/skipped_empty_batch"] = 1.0
         else:
-            self.model.eval()
             generator = torch.Generator().manual_seed(_mix(cfg.seed, step, 1))
             metrics = self.algorithm.update(batch, self.learner, generator)
             record.update({f"update/{k}": float(v) for k, v in metrics.items()})
