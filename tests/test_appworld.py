@@ -186,7 +186,7 @@ def test_bad_actions_give_error_observations_within_the_time_limit(make_env):
         elapsed = time.monotonic() - start
         assert expected in obs, (expected, obs[:300])
         assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, turn)
-        assert elapsed < 2 + 5, (expected, elapsed)
+        assert elapsed < 2 + env.unwrapped.response_grace_s, (expected, elapsed)  # never a hang
     assert info["messages"][-2]["role"] == "assistant"
     # The world is intact: the task can still be solved after all that.
     _, reward, terminated, _, _ = env.step(render_action(solution("mininote_2")))
@@ -211,7 +211,8 @@ def test_a_stuck_server_is_killed_at_the_deadline_and_replaced(pool):
         stuck_pid = env.server.pid
         start = time.monotonic()
         obs, reward, terminated, truncated, info = env.step(render_action("sum(range(10**12))"))
-        assert time.monotonic() - start < 1 + 2 + 2
+        # Bounded by the deadline (1 s limit + 2 s grace) plus the kill, with slack for a busy machine.
+        assert time.monotonic() - start < 1 + 2 + 10
         assert (reward, terminated, truncated) == (0.0, True, False)
         assert "ServerTimeout" in info["termination_reason"] and "episode is over" in obs
         assert not psutil.pid_exists(stuck_pid) or psutil.Process(stuck_pid).status() == psutil.STATUS_ZOMBIE

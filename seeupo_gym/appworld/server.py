@@ -121,7 +121,7 @@ class AppWorldServer:
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
         env.update(APPWORLD_ROOT=str(self._root), IPYTHONDIR=str(self._root / ".ipython"))
         read_end, self._parent_pipe = os.pipe()
-        with open(self._root / "server.log", "ab") as log:
+        with open(self._root / "server.log", "wb") as log:
             self._process = subprocess.Popen(
                 [str(self.python), "-P", str(_SERVE_SCRIPT), str(self.port), str(read_end)],
                 cwd=self._root,
@@ -142,7 +142,8 @@ class AppWorldServer:
             if not self.alive:
                 raise ServerDied(f"the AppWorld server exited during start-up:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/", timeout=2.0).status_code == 200:
+                answer = httpx.get(self.url + "/", timeout=2.0)
+                if answer.status_code == 200 and "AppWorld" in answer.text:  # ours, not a port squatter
                     return
             except httpx.TransportError:
                 pass
@@ -152,17 +153,29 @@ class AppWorldServer:
 
     def ensure_running(self) -> None:
         """Start the server if it is not running (e.g. after a crash or a kill) and wait for it."""
-        if not self.alive:
-            if self._process is not None:
-                self.restarts += 1
-            self.start()
-        self.wait_ready()
+        if self.alive:
+            self.wait_ready()
+            return
+        if self._process is not None:
+            self.restarts += 1
+        self._boot()
 
     def restart(self) -> None:
         self.kill()
         self.restarts += 1
-        self.start()
-        self.wait_ready()
+        self._boot()
+
+    def _boot(self, attempts: int = 3) -> None:
+        # The free port is chosen before the server binds it; if another process takes it
+        # in between, try another.
+        for attempt in range(attempts):
+            self.start()
+            try:
+                self.wait_ready()
+                return
+            except ServerDied:
+                if attempt == attempts - 1 or "address already in use" not in self.log_tail().lower():
+                    raise
 
     def kill(self) -> None:
         """SIGKILL the server (SIGTERM can take minutes; all state is on disk after each execute)."""
