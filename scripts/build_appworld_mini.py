@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 from seeupo_gym.appworld import find_python
-
-BUILDER = Path(__file__).resolve().parents[1] / "seeupo_gym" / "appworld" / "_build_mini.py"
+from seeupo_gym.appworld.paths import MINI_BUILDER
 
 
 def main() -> None:
@@ -24,7 +22,7 @@ def main() -> None:
     parser.add_argument("out_dir", nargs="?", default="data/appworld-mini")
     parser.add_argument("--python", default=None, help="the AppWorld interpreter (default: as the env finds it)")
     args = parser.parse_args()
-    sys.exit(subprocess.run([str(find_python(args.python)), "-P", str(BUILDER), args.out_dir]).returncode)
+    sys.exit(subprocess.run([str(find_python(args.python)), "-P", str(MINI_BUILDER), args.out_dir]).returncode)
 
 
 if __name__ == "__main__":

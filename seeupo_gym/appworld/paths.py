@@ -24,6 +24,8 @@ MINI_SPLIT = "mini"
 SETUP_COMMAND = "python -m seeupo_gym.appworld.setup"
 
 _REPO = Path(__file__).resolve().parents[2]
+# The mini task set's builder: a script for the AppWorld interpreter (it imports appworld).
+MINI_BUILDER = Path(__file__).with_name("_build_mini.py")
 
 
 class AppWorldSetupError(RuntimeError):

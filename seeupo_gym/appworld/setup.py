@@ -18,10 +18,9 @@ import sys
 import venv
 from pathlib import Path
 
-from seeupo_gym.appworld.paths import MINI_SPLIT, managed_home
+from seeupo_gym.appworld.paths import MINI_BUILDER, MINI_SPLIT, managed_home
 
 APPWORLD_REQUIREMENTS = ("appworld==0.1.3.post1", "uvicorn")
-_BUILDER = Path(__file__).with_name("_build_mini.py")
 
 
 def _run(command: list[str]) -> None:
@@ -50,7 +49,7 @@ def create_venv(home: Path, base_python: str | None = None) -> Path:
 def build_mini(python: Path, home: Path) -> Path:
     out = home / MINI_SPLIT
     if not (out / ".built").is_file():
-        _run([str(python), "-P", str(_BUILDER), str(out)])
+        _run([str(python), "-P", str(MINI_BUILDER), str(out)])
     return out
 
 
