@@ -5,7 +5,7 @@ step for all N envs, the sequential run uses one env slot (N episodes in turn). 
 generated tokens per second of each, the speed-up, and the peak resident memory of each phase
 (sampled every 20 ms; GPU peak too when on CUDA).
 
-    .venv/bin/python scripts/bench_rollout.py                      # tiny model, BFCL base, 8 envs
+    .venv/bin/python scripts/bench_rollout.py --threads 1          # tiny model, BFCL base, 8 envs
     .venv/bin/python scripts/bench_rollout.py --model embedded --max-new-tokens 32 --max-turns 1
 """
 
@@ -59,7 +59,9 @@ def run(args: argparse.Namespace, model, tokenizer, tasks: list[str | None], num
         args.env, HFBackend(model, tokenizer), tokenizer, num_envs=num_envs, sampling=sampling,
         max_context_tokens=args.max_context_tokens, env_kwargs={"max_turns": args.max_turns},
     ) as agent, peak_rss() as memory:
+        cpu_start = time.process_time()
         agent.collect(tasks, group_size=1, seed=args.seed)
+        cpu_seconds = time.process_time() - cpu_start
         stats = agent.last_stats
     return {
         "envs": num_envs,
@@ -71,6 +73,9 @@ def run(args: argparse.Namespace, model, tokenizer, tasks: list[str | None], num
         "generate_s": round(stats.generate_seconds, 2),
         "env_s": round(stats.env_seconds, 3),
         "tokens_per_s": round(stats.tokens_per_second, 2),
+        # CPU seconds of this process (all threads): steadier than wall time on a shared machine.
+        "cpu_s": round(cpu_seconds, 2),
+        "tokens_per_cpu_s": round(stats.generated_tokens / cpu_seconds, 2) if cpu_seconds else 0.0,
         **{k: round(v, 3) for k, v in memory.items()},
     }
 
@@ -82,7 +87,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--env", default="seeupo/BFCL-v4-base-v0")
     parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--max-context-tokens", type=int, default=8192)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -107,10 +112,13 @@ def main() -> None:
     sequential = run(args, model, tokenizer, tasks, 1)
     print("sequential", json.dumps(sequential))
     speedup = batched["tokens_per_s"] / sequential["tokens_per_s"] if sequential["tokens_per_s"] else float("nan")
+    cpu_speedup = (
+        batched["tokens_per_cpu_s"] / sequential["tokens_per_cpu_s"] if sequential["tokens_per_cpu_s"] else float("nan")
+    )
     print(f"\n{args.num_envs} envs batched: {batched['tokens_per_s']:.1f} tok/s, peak RSS {batched['peak_rss_gib']:.2f} GiB")
     print(f"{args.num_envs} envs one after another: {sequential['tokens_per_s']:.1f} tok/s, "
           f"peak RSS {sequential['peak_rss_gib']:.2f} GiB")
-    print(f"speed-up: {speedup:.2f}x")
+    print(f"speed-up: {speedup:.2f}x wall-clock, {cpu_speedup:.2f}x per CPU second")
 
 
 if __name__ == "__main__":
