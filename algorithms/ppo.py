@@ -91,9 +91,10 @@ class PPO(Algorithm):
         advantages, returns = trajectory_gae(batch, old_values, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages and advantages:
             # Whitened over every response token of the batch.
-            flat = torch.cat(list(advantages.values()))
-            mean, std = flat.mean(), (flat.std() if flat.numel() > 1 else flat.new_zeros(()))
-            advantages = {k: (v - mean) / (std + core.EPS) for k, v in advantages.items()}
+            keys = list(advantages)
+            flat = torch.cat([advantages[k] for k in keys])[None]
+            flat = core.whiten(flat, torch.ones_like(flat, dtype=torch.bool))[0]
+            advantages = dict(zip(keys, torch.split(flat, [advantages[k].numel() for k in keys])))
 
         stats, opt_metrics, value_losses = [], [], []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
