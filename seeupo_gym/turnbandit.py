@@ -18,7 +18,7 @@ used up, the same decision is asked again, and each invalid turn costs `invalid_
 final reward (floored at 0). An episode that reaches `max_turns` before the last decision is
 truncated with reward 0.
 
-`info["turn"]` is the 1-based turn the observation belongs to: 1 after reset, k after the k-th step.
+`info["turn"]` counts the responses so far, like the other envs: 0 after reset, k after the k-th step.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             {"role": "system", "content": self.system_prompt()},
             {"role": "user", "content": observation},
         ]
-        return observation, self._info(turn=1)
+        return observation, self._info(turn=0)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.task is None or self._done:

@@ -74,7 +74,7 @@ def test_playing_the_optimal_joint_action_earns_j_star_and_success():
     env = TurnBanditEnv(variant="climbing", num_tasks=4)
     task = env.tasks[2]
     obs, info = env.reset(options={"task_id": task.task_id})
-    assert info["task_id"] == task.task_id and info["turn"] == 1
+    assert info["task_id"] == task.task_id and info["turn"] == 0
     assert [m["role"] for m in info["messages"]] == ["system", "user"]
     assert "<think>" in info["messages"][0]["content"] and "A)" in obs
     _, best = task.optimal()
