@@ -22,6 +22,8 @@ import torch
 
 # Upper bound on logits materialized per forward (rows x L x vocab floats): ~1 GiB in fp32.
 DEFAULT_MAX_LOGIT_ELEMENTS = 1 << 28
+# On CPU, sequences at least this long are scored one per forward (see `per_row`).
+PER_ROW_MIN_TOKENS = 256
 
 
 def pad_batch(
@@ -58,6 +60,7 @@ def response_logprobs(
     grad: bool = False,
     temperature: float = 1.0,
     max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
+    per_row: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token logprobs of each response given its context.
 
@@ -68,6 +71,10 @@ def response_logprobs(
 
     Rows are split into several forwards only when one would materialize more than
     `max_logit_elements` logits; with grad each chunk's graph stays alive until backward.
+    per_row: one unpadded forward per row instead of one padded batch. On CPU a padded batch
+    of long sequences costs several times the sum of unpadded forwards (the padding mask
+    leaves sdpa's causal fast path), so None means: per row on CPU once a sequence reaches
+    `PER_ROW_MIN_TOKENS`, one padded batch otherwise (and always on GPU).
     """
     n = len(contexts)
     if len(responses) != n:
@@ -85,6 +92,11 @@ def response_logprobs(
 
     vocab = model.get_output_embeddings().weight.shape[0] if hasattr(model, "get_output_embeddings") else 1
     rows_per_forward = max(1, max_logit_elements // max(1, (max_response + 1) * vocab))
+    longest = max(len(c) + len(r) for c, r in zip(contexts, responses))
+    if per_row is None:
+        per_row = device.type == "cpu" and longest >= PER_ROW_MIN_TOKENS
+    if per_row:
+        rows_per_forward = 1
     if rows_per_forward >= n:
         chunks = [list(range(n))]
     else:

@@ -85,3 +85,14 @@ def test_bad_input_is_refused(tiny):
         response_logprobs(model, [[]], [[1, 2]], pad_token_id=tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="2 contexts for 1 responses"):
         response_logprobs(model, [[1], [2]], [[3]], pad_token_id=tokenizer.pad_token_id)
+
+
+@torch.no_grad()
+def test_per_row_forwards_equal_the_padded_batch(tiny):
+    model, tokenizer = tiny
+    contexts = _sequences((12, 3, 30), seed=6)
+    responses = _sequences((2, 9, 5), seed=7)
+    batch, mask = response_logprobs(model, contexts, responses, pad_token_id=tokenizer.pad_token_id, per_row=False)
+    rows, rows_mask = response_logprobs(model, contexts, responses, pad_token_id=tokenizer.pad_token_id, per_row=True)
+    assert torch.equal(mask, rows_mask)
+    assert torch.allclose(batch, rows, atol=1e-5)

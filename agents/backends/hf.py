@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from agents.scoring import PER_ROW_MIN_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class HFBackend:
     The backend shares the module with the learner when they are the same object, so
     `update_weights` is then a no-op. max_batch_size bounds the rows decoded together
     (None: all prompts of a call at once). prefill_per_row: run each prompt's prefill alone
-    and join the KV caches left-padded (None: on CPU yes, on GPU one padded batch).
+    and join the KV caches left-padded (None: on CPU when the longest prompt has at least
+    `PER_ROW_MIN_TOKENS` tokens; on GPU one padded batch).
     """
 
     def __init__(
@@ -105,7 +107,9 @@ class HFBackend:
         finish: list[str | None] = [None] * n
         active = list(range(n))  # batch row -> prompt index
 
-        per_row = self.prefill_per_row if self.prefill_per_row is not None else device.type == "cpu"
+        per_row = self.prefill_per_row
+        if per_row is None:
+            per_row = device.type == "cpu" and width >= PER_ROW_MIN_TOKENS
         last_logits, cache = None, None
         if per_row and n > 1:
             last_logits, cache = self._prefill_rows(prompts, width)
