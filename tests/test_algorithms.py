@@ -336,7 +336,7 @@ class Reinforce(Algorithm):
         loss = -(core.masked_mean(new.logprobs, new.mask, dim=-1) * weights).mean()
         learner.optimize(loss)
         self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, 1))
-        return {"loss": float(loss)}
+        return {"loss": float(loss.detach())}
 
 
 def test_a_user_algorithm_from_a_test_file_registers_and_updates_the_tabular_policy():
