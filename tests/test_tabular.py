@@ -138,3 +138,17 @@ def test_reverse_seeupo_reaches_the_optimum_on_every_deceptive_instance_for_ever
         policy = run_seeupo(tasks, lambda p, g: sample_batch(p, 32, g), iterations=200, seed=seed)
         misses += [(seed, t.task_id, round(policy.exact_return(k), 3)) for k, t in enumerate(tasks) if policy.exact_return(k) < 0.99 * t.optimal_value]
     assert misses == []
+
+
+def test_the_study_script_writes_its_table_and_curves(tmp_path, monkeypatch):
+    import sys
+
+    from scripts import turnbandit_study
+
+    args = ["turnbandit_study.py", "--out", str(tmp_path), "--num-tasks", "2", "--seeds", "1", "--iterations", "3",
+            "--rollouts", "4", "--only", "seeupo reverse/batch", "grpo"]
+    monkeypatch.setattr(sys, "argv", args)
+    turnbandit_study.main()
+    table = (tmp_path / "results.md").read_text()
+    assert "| seeupo reverse/batch |" in table and "| grpo |" in table and "| ppo |" not in table
+    assert (tmp_path / "curves.png").stat().st_size > 1000
