@@ -7,7 +7,8 @@ choices); the policy holds one row of K logits per context. A "response" is one 
 chosen option, so `TokenLogprobs` are [n, 1].
 
 Besides the learner: sampling rollouts (`sample_batch`), the exact expected return of the
-policy by enumerating joint actions (`exact_return`), and `expected_batch`, a deterministic
+policy by enumerating joint actions (`exact_return`), exact V and Q per history (`exact_values`,
+hence exact advantages Q - V), and `expected_batch`, a deterministic
 batch whose trajectory counts follow the joint-action probabilities (no sampling noise).
 """
 
@@ -144,6 +145,24 @@ class TabularPolicy:
                 p *= table[self.index[tuple(context_ids(task_index, actions[:t]))]][a]
             out[actions] = p
         return out
+
+    def exact_values(self, task_index: int) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
+        """(V, Q) of the policy on one task, exactly: V(h) for every history h shorter than T and
+        Q(h + (a,)) = expected reward after choosing a at h (for full h + (a,), the reward itself).
+        The exact advantage of choosing a at h is Q(h + (a,)) - V(h)."""
+        task = self.tasks[task_index]
+        table = self.log_probs_table().exp().tolist()
+        q: dict[tuple[int, ...], float] = {
+            a: task.reward(a) for a in itertools.product(range(task.num_options), repeat=task.num_turns)
+        }
+        v: dict[tuple[int, ...], float] = {}
+        for depth in range(task.num_turns - 1, -1, -1):
+            for history in itertools.product(range(task.num_options), repeat=depth):
+                row = table[self.index[tuple(context_ids(task_index, history))]]
+                v[history] = sum(row[a] * q[history + (a,)] for a in range(task.num_options))
+                if depth:
+                    q[history] = v[history]
+        return v, q
 
     def exact_return(self, task_index: int) -> float:
         """J(pi) = sum_a pi(a) r(a) for one task, by enumeration."""

@@ -55,6 +55,28 @@ def test_exact_return_enumerates_joint_actions():
         assert sum(policy.joint_action_probabilities(k).values()) == pytest.approx(1.0)
 
 
+def test_exact_values_are_consistent_with_the_exact_return():
+    tasks = make_tasks("mixed", 2, seed=3)
+    policy = TabularPolicy(tasks)
+    with torch.no_grad():
+        policy.logits.normal_(generator=torch.Generator().manual_seed(1))
+    for k, task in enumerate(tasks):
+        v, q = policy.exact_values(k)
+        assert v[()] == pytest.approx(policy.exact_return(k))
+        best, actions = task.optimal()
+        assert q[actions] == best
+        # V(h) is the policy-weighted mean of Q(h, a) at every history.
+        for history, value in v.items():
+            probs = policy.probs(k, history).tolist()
+            assert value == pytest.approx(sum(p * q[history + (a,)] for a, p in enumerate(probs)))
+        # A Monte-Carlo-free check of Q at the first turn: the return conditioned on a_1.
+        joint = policy.joint_action_probabilities(k)
+        for a in range(task.num_options):
+            mass = sum(p for acts, p in joint.items() if acts[0] == a)
+            conditional = sum(p * task.reward(acts) for acts, p in joint.items() if acts[0] == a) / mass
+            assert q[(a,)] == pytest.approx(conditional)
+
+
 def test_sampled_batches_follow_the_policy():
     tasks = make_tasks("random", 1, seed=0, turns=(2, 2), options=2)
     policy = TabularPolicy(tasks)
