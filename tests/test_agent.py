@@ -169,8 +169,9 @@ def test_bfcl_batch_has_groups_ids_and_env_outcomes(bfcl_run):
     groups = batch.groups()
     assert list(groups) == ["0:multi_turn_base_0", f"1:{batch.trajectories[2].task_id}"]
     assert all(len(members) == 2 and len({t.task_id for t in members}) == 1 for members in groups.values())
-    assert batch.rollout_ids == [f"{t.group_id}:{g}" for t in batch for g in [int(t.rollout_id.rsplit(':', 1)[1])]]
-    assert len(set(batch.rollout_ids)) == 4
+    drawn = f"1:{batch.trajectories[2].task_id}"
+    assert [t.group_id for t in batch] == ["0:multi_turn_base_0"] * 2 + [drawn] * 2
+    assert batch.rollout_ids == ["0:multi_turn_base_0:0", "0:multi_turn_base_0:1", f"{drawn}:0", f"{drawn}:1"]
     for trajectory in batch:
         assert 1 <= trajectory.num_turns <= 2
         env_info = trajectory.info["env_info"]
