@@ -20,10 +20,9 @@ class Turn:
     context_ids: list[int]
     response_ids: list[int]
     sample_logprobs: list[float]
+    # "old" and reference logprobs are not stored here: algorithms recompute them from the
+    # learner at the start of each update (the sampler's are never used as "old").
     finish_reason: str = "stop"
-    # Filled by the learner; the sampler's logprobs are never used as "old" logprobs.
-    old_logprobs: list[float] | None = None
-    ref_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if len(self.sample_logprobs) != len(self.response_ids):
