@@ -53,7 +53,7 @@ model: venv
 
 # SeeUPO vs GRPO on the embedded 0.5B model (LoRA) and TurnBandit's easy variant: about
 # 15 minutes on 2 CPU cores. Ends by printing where runs/demo/report.md is.
-DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0 --eval-every 0 -k 2 --eval-tasks 6 \
+DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0 --eval-every 0 -k 2 --eval-tasks 4 \
 	--eval-env-kwargs '{"seed": 1}' --out runs/demo
 demo: venv model
 	$(VENV)/bin/seeupo-compare --config configs/demo.yaml $(DEMO_ARGS)

@@ -9,7 +9,7 @@ and, with --out, as JSON.
 Examples:
     seeupo-eval --model embedded --env seeupo/TurnBandit-v0 --env-kwargs '{"variant": "easy"}' -k 4
     seeupo-eval --checkpoint runs/demo/seeupo/seed-0/checkpoints/step-8 -k 4 -n 8 --out eval.json
-    seeupo-eval --config configs/bfcl-seeupo.yaml --env-kwargs '{"split": "test"}' --max-tasks 50 -k 1
+    seeupo-eval --config configs/bfcl-seeupo.yaml --split test --max-tasks 50 -k 1
     seeupo-eval --model tiny --env seeupo/TurnBandit-v0 sampling.max_new_tokens=16   # dotted overrides
 
 Model, env and sampling settings come from (later wins): the defaults, the checkpoint's own
@@ -309,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--model", help="'embedded', 'tiny', a Hugging Face id or a local path (model.name_or_path)")
     source.add_argument("--env", help="env id, e.g. seeupo/TurnBandit-v0 (env.id)")
     source.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON merged into env.kwargs, e.g. '{\"split\": \"test\"}'")
+    source.add_argument("--split", help="the env's task split, e.g. test (sets env.kwargs.split; BFCL, AppWorld)")
     source.add_argument("--tasks", help="comma-separated task ids (default: env.eval_tasks, else all of the env's tasks)")
     source.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
     metric = parser.add_argument_group("how")
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(args.env_kwargs, dict):
                 raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
             config.env.kwargs = {**config.env.kwargs, **args.env_kwargs}
+        if args.split:
+            config.env.kwargs = {**config.env.kwargs, "split": args.split}
         config = config_from_dict(config.to_dict())  # re-check the values the flags set
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
