@@ -14,7 +14,7 @@ from algorithms.trainer import Trainer, checkpoints
 @pytest.mark.parametrize("algorithm", ["seeupo"])
 def test_resume_after_step_1_reproduces_step_2_metrics_and_weights(tmp_path, algorithm):
     uninterrupted = tiny_config(tmp_path / "a", f"algorithm.name={algorithm}", "train.steps=2", "train.save_every=1",
-                                "train.keep_checkpoints=5")
+                                "train.keep_checkpoints=5", "env.kwargs={max_turns: 1}")
     with Trainer(uninterrupted) as trainer:
         records = trainer.train()
         final_weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
@@ -27,7 +27,8 @@ def test_resume_after_step_1_reproduces_step_2_metrics_and_weights(tmp_path, alg
     resumed_dir = tmp_path / "b" / "run"
     resumed_dir.mkdir(parents=True)
     (resumed_dir / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2, "lost": 1}) + "\n")
-    resumed = tiny_config(tmp_path / "b", f"algorithm.name={algorithm}", "train.steps=2", f"resume_from={saved[0]}")
+    resumed = tiny_config(tmp_path / "b", f"algorithm.name={algorithm}", "train.steps=2", f"resume_from={saved[0]}",
+                          "env.kwargs={max_turns: 1}")
     with Trainer(resumed) as trainer:
         assert trainer.state.step == 1
         records = trainer.train()
