@@ -345,6 +345,24 @@ def _append_run_records(combined: Path, run: RunSpec) -> None:
                 out.write(json.dumps({"algorithm": run.label, "seed": run.seed, **json.loads(line)}) + "\n")
 
 
+def combine_run_records(folder: Path, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run's records tagged with algorithm and seed, rebuilt from the runs' own JSONL
+    (the source of truth), so an interrupted comparison still gets a report of what it did."""
+    records: list[dict[str, Any]] = []
+    found = False
+    for run in info["runs"]:
+        path = Path(run["folder"])
+        if not path.is_absolute() and not path.exists():
+            path = folder / run["label"] / f"seed-{run['seed']}"
+        if (path / "metrics.jsonl").is_file():
+            found = True
+        records += [{"algorithm": run["label"], "seed": run["seed"], **r} for r in read_records(path / "metrics.jsonl")]
+    if not found:  # run folders moved away: fall back on the combined file
+        return read_records(folder / "metrics.jsonl")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
 def _run_line(run: RunSpec, plan: ComparePlan, failure: str | None) -> str:
     if failure:
         return f"{run.label} seed {run.seed}: FAILED ({failure})"
@@ -586,7 +604,7 @@ def write_report(folder: str | Path) -> Path:
     if not info_path.is_file():
         raise ConfigError(f"{str(folder)!r} is not a seeupo-compare folder (no {RUN_INFO})")
     info = json.loads(info_path.read_text())
-    records = read_records(folder / "metrics.jsonl")
+    records = combine_run_records(folder, info)
     labels = list(dict.fromkeys(run["label"] for run in info["runs"]))
     seeds = sorted({run["seed"] for run in info["runs"]})
     k = int(info["eval"]["k"])
@@ -599,6 +617,7 @@ def write_report(folder: str | Path) -> Path:
 
     wall = info.get("wall_seconds")
     failures = info.get("failures") or {}
+    incomplete = [f"{row.label} ({row.steps} of {train['steps']} steps)" for row in rows if row.steps < train["steps"]]
     lines = [
         f"# {', '.join(labels)} on {env['id']}",
         "",
@@ -610,13 +629,15 @@ def write_report(folder: str | Path) -> Path:
         "per step, same initial weights).",
         f"Evaluation: {len(info['eval_tasks'])} tasks x {info['eval']['n']} rollouts at temperature "
         f"{info['eval']['temperature']}{' with env kwargs ' + _kwargs_text(info['eval']['env_kwargs']) if info['eval']['env_kwargs'] else ''}, "
-        f"before training and every {info['eval']['every'] or train['steps']} steps.",
+        "before training and " + (f"every {info['eval']['every']} steps." if info["eval"]["every"] else "after the last step."),
         "",
         f"Started {info['started']} on {info['host']['cpus']} CPU(s), {info['host']['platform']}"
         + (f"; total wall time **{wall / 60:.1f} min**." if wall else "."),
         "",
         "## Final results",
         "",
+        *([f"**Interrupted before the end**: partial results; {', '.join(incomplete)}. The rows below are "
+           "what each run reached.", ""] if wall is None or incomplete else []),
         final_table(rows, k),
         "",
         f"Means over seeds (± sd when there are several). *Train reward*: the mean reward of the step's "
