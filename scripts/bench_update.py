@@ -122,6 +122,7 @@ def main() -> None:
             seconds, metrics = bench.run(name, options)
             times[name].append(seconds)
             cpu[name].append(metrics["cpu_s"])
+            print(f"  {name}: wall {seconds:.2f} s, CPU {metrics['cpu_s']:.2f} s", flush=True)
             steps[name] = metrics.get("optimizer_steps", float("nan"))
     for name in names:
         print(f"{name:>8}: wall median {statistics.median(times[name]):7.2f} s "
