@@ -80,6 +80,12 @@ class AlgorithmConfig:
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}/{self.minibatch_size}")
 
+    def require_choice(self, option: str, allowed: Sequence[str]) -> None:
+        """Reject a string option outside `allowed`, naming the option and the choices."""
+        value = getattr(self, option)
+        if value not in allowed:
+            raise ValueError(f"{option} must be one of {tuple(allowed)}, got {value!r}")
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "AlgorithmConfig":
         known = {f.name for f in fields(cls)}

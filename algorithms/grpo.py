@@ -24,10 +24,8 @@ class GRPOConfig(AlgorithmConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.normalization not in core.NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {core.NORMALIZATIONS}, got {self.normalization!r}")
-        if self.loss_agg not in core.LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_agg must be one of {core.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+        self.require_choice("normalization", core.NORMALIZATIONS)
+        self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
 
 
 @register_algorithm("grpo")

@@ -23,8 +23,7 @@ class GSPOConfig(AlgorithmConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.normalization not in core.NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {core.NORMALIZATIONS}, got {self.normalization!r}")
+        self.require_choice("normalization", core.NORMALIZATIONS)
 
 
 @register_algorithm("gspo")

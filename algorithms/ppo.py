@@ -35,8 +35,7 @@ class PPOConfig(AlgorithmConfig):
         super().__post_init__()
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}/{self.lam}")
-        if self.loss_agg not in core.LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_agg must be one of {core.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+        self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
 
 
 def trajectory_gae(

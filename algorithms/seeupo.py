@@ -41,13 +41,9 @@ class SeeUPOConfig(AlgorithmConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, value, allowed in (
-            ("normalization", self.normalization, core.NORMALIZATIONS),
-            ("order", self.order, ORDERS),
-            ("old_policy", self.old_policy, OLD_POLICIES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"seeupo {name} must be one of {allowed}, got {value!r}")
+        self.require_choice("normalization", core.NORMALIZATIONS)
+        self.require_choice("order", ORDERS)
+        self.require_choice("old_policy", OLD_POLICIES)
         if self.m_clip is not None:
             low, high = self.m_clip
             if not 0 <= low <= 1 <= high:

@@ -16,7 +16,6 @@ import torch
 
 import seeupo_gym  # noqa: F401  (registers the ids)
 from agents.backends import Completion, HFBackend, SamplingParams
-from agents.models import load_model
 from agents.scoring import response_logprobs
 from agents.vector import END_CONTEXT_BUDGET, END_ENV_ERROR, ChatDelta, VectorAgent, encode, render_chat
 from seeupo_gym.spaces import UnicodeText
@@ -25,19 +24,7 @@ from seeupo_gym.templates import ReActTemplate
 BFCL = "seeupo/BFCL-v4-base-v0"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # The tiny model's ops are too small to gain from threads; on a shared 2-core machine the
-    # threads' spin-waiting made these tests several times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny", seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- test doubles

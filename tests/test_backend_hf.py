@@ -10,19 +10,7 @@ from agents.models import load_model
 from agents.scoring import response_logprobs
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # The tiny model's ops are too small to gain from threads; on a shared 2-core machine the
-    # threads' spin-waiting made these tests several times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny", seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

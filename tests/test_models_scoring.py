@@ -9,14 +9,7 @@ from agents.models import load_model
 from agents.scoring import response_logprobs
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # The tiny model's ops are too small to gain from threads; on a shared 2-core machine the
-    # threads' spin-waiting made these tests several times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
