@@ -181,13 +181,17 @@ def _load_builtin_algorithms() -> None:
 
 
 def load_plugin(path: str | Path) -> None:
-    """Import a user file (or dotted module) that registers algorithms."""
+    """Import a user file (or dotted module) that registers algorithms. Loading it again is a no-op."""
     path_str = str(path)
     if path_str.endswith(".py") or Path(path_str).exists():
         file = Path(path_str).resolve()
         if not file.is_file():
             raise FileNotFoundError(f"algorithm plugin {path_str!r} does not exist")
         module_name = f"seeupo_plugin_{file.stem}"
+        loaded = sys.modules.get(module_name)
+        if loaded is not None and getattr(loaded, "__file__", None) == str(file):
+            # Executing the file again would register new classes under names already taken.
+            return
         spec = importlib.util.spec_from_file_location(module_name, file)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

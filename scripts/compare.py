@@ -776,9 +776,10 @@ def main(argv: list[str] | None = None) -> int:
         from algorithms.base import load_plugin
 
         raw = load_raw(args.config, args.overrides)
-        # Imported once here: every run builds a Trainer, and importing a plug-in file again
-        # would register its algorithm a second time.
-        for plugin in list(raw.pop("plugins", None) or []) + list(args.plugin):
+        # Loaded before any run starts so that a broken plug-in fails the whole plan at once;
+        # --plugin files join the config so that each run's config.yaml can be resumed.
+        raw["plugins"] = list(raw.get("plugins") or []) + list(args.plugin)
+        for plugin in raw["plugins"]:
             try:
                 load_plugin(plugin)
             except Exception as error:  # a user's file: say which one and why

@@ -362,3 +362,19 @@ def test_a_user_algorithm_file_loads_as_a_plugin(tmp_path):
     assert make_algorithm("test-plugin-noop").update(batch, policy, GEN()) == {"noop": 1.0}
     with pytest.raises(FileNotFoundError):
         load_plugin(tmp_path / "missing.py")
+
+
+def test_loading_a_plugin_file_twice_registers_its_algorithm_once(tmp_path):
+    from algorithms.base import available_algorithms, load_plugin
+
+    plugin = tmp_path / "twice_plugin.py"
+    plugin.write_text(
+        "from algorithms.base import Algorithm, register_algorithm\n"
+        "@register_algorithm('loaded-twice')\n"
+        "class LoadedTwice(Algorithm):\n"
+        "    def update(self, batch, learner, generator):\n"
+        "        return {}\n"
+    )
+    load_plugin(plugin)
+    load_plugin(str(plugin))
+    assert "loaded-twice" in available_algorithms()
