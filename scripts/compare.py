@@ -143,7 +143,7 @@ def build_plan(
     """Resolve and check every run's config before any run starts (errors name the key)."""
     from algorithms.trainer import build_algorithm
 
-    from scripts.evaluate import env_task_list
+    from algorithms.trainer import env_task_ids
 
     options = options or {}
     unknown = sorted(set(options) - set(algorithms))
@@ -159,7 +159,7 @@ def build_plan(
     output = Path(output_dir)
     base = config_from_dict(raw)
     shared = dict(base.algorithm.options)
-    train_tasks = base.env.train_tasks or env_task_list(base.env.id, base.env.kwargs)
+    train_tasks = base.env.train_tasks or env_task_ids(base.env.id, base.env.kwargs)
 
     runs: list[RunSpec] = []
     for label, name in algorithms.items():
@@ -180,7 +180,7 @@ def build_plan(
 
     eval_kwargs = {**base.env.kwargs, **eval_plan.env_kwargs}
     tasks = eval_plan.tasks or (base.env.eval_tasks if not eval_plan.env_kwargs else None)
-    tasks = list(tasks or env_task_list(base.env.id, eval_kwargs))
+    tasks = list(tasks or env_task_ids(base.env.id, eval_kwargs))
     if eval_plan.max_tasks:
         tasks = tasks[: eval_plan.max_tasks]
     return ComparePlan(runs, eval_plan, tasks, output, save_checkpoints)

@@ -99,30 +99,6 @@ class EvalResult:
 # --------------------------------------------------------------------------- tasks and outcomes
 
 
-def env_task_list(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
-    """The task ids an env offers: its `task_ids` (BFCL, AppWorld) or its `tasks` (TurnBandit)."""
-    import gymnasium as gym
-
-    import seeupo_gym  # noqa: F401  (registers the ids)
-
-    try:
-        env = gym.make(env_id, **env_kwargs)
-    except Exception as error:
-        raise ConfigError(f"cannot make env {env_id!r} with kwargs {env_kwargs}: {type(error).__name__}: {error}") from error
-    try:
-        inner = env.unwrapped
-        ids = getattr(inner, "task_ids", None)
-        if callable(ids):
-            ids = ids()
-        if not ids and getattr(inner, "tasks", None):
-            ids = [task.task_id for task in inner.tasks]
-    finally:
-        env.close()
-    if not ids:
-        raise ConfigError(f"env {env_id!r} does not list its tasks; pass --tasks (or env.eval_tasks)")
-    return [str(task_id) for task_id in ids]
-
-
 def trajectory_category(trajectory: Any) -> str:
     """The category the env reported for the episode (BFCL: base, miss_func, ...), else "all"."""
     env_info = trajectory.info.get("env_info") or {}
@@ -347,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         else:
-            tasks = list(config.env.eval_tasks or env_task_list(config.env.id, config.env.kwargs))
+            from algorithms.trainer import env_task_ids
+
+            tasks = list(config.env.eval_tasks or env_task_ids(config.env.id, config.env.kwargs))
         if args.max_tasks is not None:
             if args.max_tasks < 1:
                 raise ConfigError(f"--max-tasks must be >= 1, got {args.max_tasks}")

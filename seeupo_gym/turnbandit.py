@@ -234,6 +234,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             options = options or 2
         self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint)
         self.task_index = {task.task_id: k for k, task in enumerate(self.tasks)}
+        self.task_ids: tuple[str, ...] = tuple(task.task_id for task in self.tasks)
         if not 0 <= invalid_penalty <= 1:
             raise ValueError(f"invalid_penalty must lie in [0, 1], got {invalid_penalty}")
         if max_turns < max(task.num_turns for task in self.tasks):
@@ -340,6 +341,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         success = complete and self._invalid == 0 and self.task.reward(self._choices) >= optimal
         return {
             "task_id": self.task.task_id,
+            "category": self.task.kind,
             "turn": turn,
             "messages": [dict(m) for m in self._messages],
             "success": bool(success),

@@ -180,3 +180,16 @@ def test_keep_think_false_drops_thoughts_from_the_history():
     env.reset(seed=0)
     _, _, _, _, info = env.step(act("A", thought="secret"))
     assert info["messages"][2] == {"role": "assistant", "content": "A"}
+
+
+def test_env_lists_its_task_ids_and_reports_each_task_kind_as_category():
+    import gymnasium as gym
+
+    env = gym.make("seeupo/TurnBandit-v0", variant="mixed", num_tasks=4)
+    inner = env.unwrapped
+    assert inner.task_ids == tuple(task.task_id for task in inner.tasks)
+    kinds = set()
+    for task_id in inner.task_ids:
+        _, info = env.reset(options={"task_id": task_id})
+        kinds.add(info["category"])
+    assert kinds == {"climbing", "random"}
