@@ -62,3 +62,10 @@ class Backend(Protocol):
     def update_weights(self, state_dict_or_model: Any) -> None:
         """Make later `generate` calls sample from the learner's current weights."""
         ...
+
+
+def check_prompts(prompts: list[list[int]]) -> None:
+    """Refuse empty prompts before they reach a model (which would index an empty sequence)."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")

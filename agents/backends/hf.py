@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
 from agents.scoring import PER_ROW_MIN_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -50,9 +50,7 @@ class HFBackend:
     # -- Backend -----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        check_prompts(prompts)
         if not prompts:
             return []
         generator = torch.Generator(device=self._device)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
 
 VLLM_INSTALL_HINT = (
     "VLLMBackend needs vLLM: `pip install 'seeupo-gym[vllm]'` on a CUDA machine "
@@ -143,9 +143,7 @@ class VLLMBackend:
     # -- Backend -----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        check_prompts(prompts)
         if not prompts:
             return []
         vllm = self._vllm
