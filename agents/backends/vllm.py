@@ -198,7 +198,7 @@ class VLLMBackend:
             from safetensors.torch import save_file
 
             folder = tempfile.mkdtemp(prefix="seeupo-weights-")
-            save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, f"{folder}/model.safetensors")
+            save_file(_unshared(weights), f"{folder}/model.safetensors")
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
             shutil.rmtree(folder, ignore_errors=True)
         # Cached prefixes were computed with the old weights.
@@ -235,3 +235,15 @@ class VLLMBackend:
         elif generation_eos:
             ids.extend(int(e) for e in generation_eos)
         return tuple(dict.fromkeys(ids))
+
+
+def _unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies safetensors can write: tied tensors (embed_tokens / lm_head) share storage, which it refuses."""
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in weights.items():
+        tensor = tensor.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        tensors[name] = tensor.clone() if storage in seen else tensor
+        seen.add(storage)
+    return tensors
