@@ -95,3 +95,37 @@ def test_vllm_cpu_token_in_token_out_and_weight_sync(monkeypatch):
     check_token_in_token_out_and_weight_sync(
         VLLMBackend("tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True)
     )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
+def test_vllm_cpu_samples_with_a_pushed_lora_adapter(monkeypatch):
+    for name, value in {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from agents.backends import SamplingParams, VLLMBackend
+    from agents.scoring import response_logprobs
+
+    model, tokenizer = load_model("tiny", seed=0, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)  # a trained-looking adapter (B starts at zero)
+    backend = VLLMBackend(
+        "tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True,
+        enable_lora=True, max_lora_rank=8,
+    )
+    backend.update_weights(model)
+    prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there")]
+    completions = backend.generate(prompts, SamplingParams(max_new_tokens=8, seed=1))
+    responses = [c.token_ids for c in completions]
+    with_adapter, _ = response_logprobs(model, prompts, responses, pad_token_id=tokenizer.pad_token_id)
+    base, _ = load_model("tiny", seed=0)
+    without_adapter, _ = response_logprobs(base, prompts, responses, pad_token_id=tokenizer.pad_token_id)
+    for i, completion in enumerate(completions):
+        sampled = torch.tensor(completion.logprobs)
+        assert torch.allclose(with_adapter[i, : len(sampled)], sampled, atol=1e-3)
+    assert max(float((without_adapter[i, : len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max()) for i, c in enumerate(completions)) > 1e-2
