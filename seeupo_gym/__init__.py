@@ -12,7 +12,7 @@ from seeupo_gym.spaces import UnicodeText
 
 __all__ = ["UnicodeText"]
 
-# id -> "module:Class". Later envs add one line here.
+# id -> "module:callable"; string entry points keep this import cheap.
 _ENVS: dict[str, str] = {
     "seeupo/AppWorld-v0": "seeupo_gym.appworld.env:AppWorldEnv",
     "seeupo/TurnBandit-v0": "seeupo_gym.turnbandit:TurnBanditEnv",
