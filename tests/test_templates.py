@@ -38,3 +38,25 @@ def test_system_prompt_has_every_section():
     )
     for part in ["You are an agent.", "<think>", "Write calls.", "# Protocol", "Finish with no calls.", "# Tools", "ls()"]:
         assert part in prompt
+
+
+def _strip_think_by_regex(text: str) -> str:
+    """The reference: what strip_think computes, as a (quadratic) lazy regex."""
+    import re
+
+    return re.sub(r"<think>.*?</think>\s*", "", text, flags=re.DOTALL).strip()
+
+
+def test_strip_think_agrees_with_the_regex_reference_on_random_responses():
+    import random
+
+    pieces = ["<think>", "</think>", "<think", "think>", "x", " ", "\n", "[ls()]", "é", "<", "/"]
+    rng = random.Random(0)
+    for _ in range(2_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        assert strip_think(text) == _strip_think_by_regex(text), text
+
+
+def test_strip_think_keeps_unclosed_blocks():
+    assert strip_think("<think>a</think> x <think>never closed") == "x <think>never closed"
+    assert strip_think("<think>" * 5_000) == "<think>" * 5_000

@@ -1,1 +1,0 @@
-"""Command-line entry points: train, evaluate, compare, benchmarks."""
