@@ -1,5 +1,6 @@
 import copy
 
+import gymnasium as gym
 import pytest
 from gymnasium.spaces import Tuple
 from gymnasium.vector.utils import batch_space
@@ -53,26 +54,67 @@ def test_bad_bounds_are_an_error():
         UnicodeText(1, min_length=2)
 
 
-def test_async_vector_env_with_shared_memory_is_refused_with_the_fix_named():
-    # Shared memory would silently hand back stale observations for text spaces.
-    import gymnasium as gym
+class EchoEnv(gym.Env):
+    """Observes the last action; a text env in three lines."""
 
-    class EchoEnv(gym.Env):
-        observation_space = UnicodeText(16)
-        action_space = UnicodeText(16)
+    observation_space = UnicodeText(64)
+    action_space = UnicodeText(64)
 
-        def reset(self, *, seed=None, options=None):
-            return "start", {}
+    def reset(self, *, seed=None, options=None):
+        return "start", {}
 
-        def step(self, action):
-            return action, 0.0, True, False, {}
+    def step(self, action):
+        return action, 0.0, False, False, {}
 
-    with pytest.raises(ValueError, match="shared_memory=False"):
-        gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv], shared_memory=True)
-    envs = gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv], shared_memory=False)
+
+TEXTS = [("héllo", "wörld 中文 😀"), ("", "x" * 64), ("\x00nul\x00", "lone \ud800 surrogate"), ("a", "b")]
+
+
+def test_async_vector_env_carries_text_through_default_shared_memory():
+    envs = gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv])  # shared_memory=True is gymnasium's default
     try:
-        envs.reset()
-        observations, *_ = envs.step(("héllo", "wörld"))
-        assert observations == ("héllo", "wörld")
+        assert envs.reset(seed=0)[0] == ("start", "start")
+        for actions in TEXTS:
+            observations, *_ = envs.step(actions)
+            assert observations == actions and isinstance(observations, tuple)
     finally:
         envs.close()
+
+
+def test_observations_handed_out_earlier_do_not_change_later():
+    envs = gym.vector.AsyncVectorEnv([EchoEnv, EchoEnv])
+    try:
+        envs.reset()
+        first, *_ = envs.step(TEXTS[0])
+        envs.step(TEXTS[1])
+        assert first == TEXTS[0]
+    finally:
+        envs.close()
+
+
+def test_text_inside_a_dict_space_uses_the_same_shared_memory():
+    class DictEnv(EchoEnv):
+        observation_space = gym.spaces.Dict({"text": UnicodeText(8), "count": gym.spaces.Discrete(9)})
+
+        def reset(self, *, seed=None, options=None):
+            return {"text": "", "count": 0}, {}
+
+        def step(self, action):
+            return {"text": action, "count": len(action)}, 0.0, False, False, {}
+
+    envs = gym.vector.AsyncVectorEnv([DictEnv, DictEnv])
+    try:
+        envs.reset()
+        observations, *_ = envs.step(("ß", "日本語"))
+        assert observations["text"] == ("ß", "日本語") and list(observations["count"]) == [1, 3]
+    finally:
+        envs.close()
+
+
+def test_an_observation_over_the_bound_is_a_clear_error():
+    from seeupo_gym.spaces import _create_text_shared_memory, _write_text_to_shared_memory
+
+    space = UnicodeText(4)
+    memory = _create_text_shared_memory(space, n=1)
+    with pytest.raises(ValueError, match="not in UnicodeText"):
+        _write_text_to_shared_memory(space, 0, "12345", memory)
