@@ -67,7 +67,7 @@ def test_ground_truth_replay_scores_one(task_id):
     observation, reward, terminated, truncated, info = steps[-1]
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
     assert info["turn_results"] == ["passed"] * get_entry(task_id).num_user_turns
-    assert info["error_type"] is None
+    assert info["error_type"] == ""
     assert observation == FINAL_OBSERVATION
     assert all(step[1] == 0.0 for step in steps[:-1])  # reward only at the end
     assert info["turn"] == len(steps) == get_entry(task_id).min_responses
@@ -118,7 +118,7 @@ def test_missing_read_only_call_fails_the_response_check():
 
 
 def test_a_wrong_episode_does_not_leak_into_a_later_right_one():
-    # BFCL's executor caches instances per model name (FACTS hazard 1): a wrong then a right
+    # BFCL's executor caches instances per model name: a wrong then a right
     # answer would both fail there. Here each episode and each check has its own state.
     env = make(max_turns=100)
     entry = get_entry("multi_turn_base_1")
@@ -183,7 +183,7 @@ def test_empty_call_list_and_text_that_is_not_a_call_list_end_the_turn(action):
     env = make()
     env.reset(options={"task_id": "multi_turn_base_0"})
     *_, info = env.step(action)
-    assert (info["action_kind"], info["user_turn"], info["action_error"]) == ("turn_end", 1, None)
+    assert (info["action_kind"], info["user_turn"], info["action_error"]) == ("turn_end", 1, "")
 
 
 def test_a_malformed_call_list_is_an_error_that_does_not_end_the_turn():
@@ -352,3 +352,21 @@ def test_async_vector_env_runs_episodes_to_the_end():
     envs.close()
     assert min(episodes) >= 2
     assert rewards == [1.0] * len(rewards)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [("notadict", "must be a dict"), ({"task_id": "../tasks/x"}, "task name"), ({"task_id": "a/b"}, "task name"),
+     ({"task_id": "multi_turn_base_99999"}, "no BFCL entry")],
+)
+def test_reset_options_of_the_wrong_shape_are_clear_errors(options, match):
+    with pytest.raises(ValueError, match=match):
+        make().reset(options=options)
+
+
+def test_info_has_the_same_keys_and_types_at_reset_and_at_the_end():
+    env = make(max_turns=100)
+    _, first = env.reset(options={"task_id": "multi_turn_base_0"})
+    last = replay(env, "multi_turn_base_0")[-1][-1]
+    assert first.keys() == last.keys()
+    assert {key: type(value) for key, value in first.items()} == {key: type(value) for key, value in last.items()}

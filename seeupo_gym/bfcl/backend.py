@@ -1,4 +1,8 @@
-"""BFCL's backends and checker, used without their hazards (FACTS.md, BFCL hazards 1-3).
+"""BFCL's backends and checker, used without their hazards.
+
+BFCL's own executor `eval`s the model's call strings, keeps every instance in module globals
+under names built from the model name and test id (so runs under one name share state and the
+cache only grows), and lets MathAPI set decimal's and mpmath's precision for the whole process.
 
 - `EpisodeBackend` holds one episode's backend instances (GorillaFileSystem, TwitterAPI, ...),
   set up as BFCL sets them up, and dispatches validated `Call`s to their public methods
@@ -20,6 +24,7 @@ import decimal
 import importlib
 import inspect
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -104,6 +109,18 @@ class EpisodeBackend:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
                 raise ActionError(f"{call.name}: {param} must be at most {limit:g} in absolute value")
 
+    def execute_within(self, calls: tuple[Call, ...], seconds: float) -> list[str]:
+        """Run checked calls in order, starting none after `seconds` of wall time: the results of
+        the calls that ran (a prefix). Each call is cheap by the argument bounds; this bounds
+        how many run, so a response of many slow-ish calls cannot hold a step for long."""
+        deadline = time.monotonic() + seconds
+        results = []
+        for call in calls:
+            if time.monotonic() >= deadline:
+                break
+            results.append(self.execute(call))
+        return results
+
     def execute(self, call: Call) -> str:
         """Run one checked call; errors come back as text, as in BFCL's executor."""
         with self._math_precision_kept():
@@ -144,8 +161,8 @@ class CheckResult:
 def _run_checker(entry: Entry, decoded: list[list[list[str]]], num_turns: int) -> dict:
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker, multi_turn_utils
 
-    # BFCL caches instances in multi_turn_utils' globals under names built from the model name
-    # (hazard 1). A fresh name per run keeps runs apart; the finally block removes them.
+    # BFCL caches instances in multi_turn_utils' globals under names built from the model name.
+    # A fresh name per run keeps runs apart; the finally block removes them.
     model_name = f"seeupo_{uuid.uuid4().hex}"
     try:
         return multi_turn_checker.multi_turn_checker(

@@ -21,6 +21,12 @@ bare function name with literal arguments (strings, numbers, True/False/None and
 tuples, sets, dicts of them). The env then checks the name against the functions the model
 has been shown and dispatches to the backend's method itself. `Call.source` rebuilds a call
 string from the validated values (`repr` of literals) for BFCL's checker.
+
+Cost: integers have at most `MAX_INT_DIGITS` digits. The backends' arithmetic is then cheap
+(MathAPI's `power` with the exponent bound of `backend.ARGUMENT_BOUNDS` costs microseconds
+instead of seconds at a 4299-digit base), and every literal converts back to a string
+(CPython refuses int -> str beyond 4300 digits, which `0x` literals of 4000 hex digits exceed).
+Strings, lists and dicts cost time linear in their length, which `max_chars` bounds.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ _BINARY = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 _CALL_START = re.compile(r"\[\s*(?:\]|[A-Za-z_][\w.]*\s*\()|[A-Za-z_][\w.]*\(")
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 _MAX_LITERAL_DEPTH = 32
+# BFCL's ground truth uses integers of at most 6 digits; 20 holds any 64-bit id or count.
+MAX_INT_DIGITS = 20
+_INT_BOUND = 10**MAX_INT_DIGITS
 
 _DEFAULT_TEMPLATE = ReActTemplate()
 
@@ -91,6 +100,8 @@ def _literal(node: ast.AST, depth: int = 0) -> Any:
         value = node.value
         if isinstance(value, float) and not math.isfinite(value):
             raise ActionError("numbers must be finite")
+        if type(value) is int and abs(value) >= _INT_BOUND:
+            raise ActionError(f"integers must have at most {MAX_INT_DIGITS} digits")
         if value is None or isinstance(value, (str, bool, int, float)):
             return value
         raise ActionError(f"literal of type {type(value).__name__} is not allowed as an argument")

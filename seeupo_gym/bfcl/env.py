@@ -1,4 +1,4 @@
-"""`seeupo/BFCL-v4-v0`: BFCL v4 multi-turn as a sequence-level Gymnasium env (DESIGN section 2).
+"""`seeupo/BFCL-v4-v0`: BFCL v4 multi-turn as a sequence-level Gymnasium env.
 
 Episode = one BFCL entry; one step = one model response.
 
@@ -14,10 +14,12 @@ Episode = one BFCL entry; one step = one model response.
 - `max_turns` bounds the responses of the whole episode (the paper uses 10). Reaching it
   before the last user turn ends truncates the episode with reward 0.0, as BFCL fails
   force-terminated entries.
-
-Vectorized: `gym.make_vec(..., vectorization_mode="async", vector_kwargs={"shared_memory": False})`.
-Gymnasium's shared-memory path reads text observations once at start-up, so with it the
-observations would never change.
+- Time: every argument is bounded at parse time (`calls.MAX_INT_DIGITS`, `max_action_chars`,
+  `backend.ARGUMENT_BOUNDS`), which makes each call cheap; a response's calls start only within
+  `call_seconds_per_step` of wall time, the rest are reported as not run. The checker replays
+  only the calls that ran, so its cost is bounded by theirs.
+- Every `info` key has one type at reset and in every step ("" / [] / {} when there is nothing
+  to say), because vector envs batch `info` per key.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from seeupo_gym.bfcl.backend import CheckResult, EpisodeBackend, check_episode
 from seeupo_gym.bfcl.calls import ActionError, Call, DecodedResponse, decode_response
 from seeupo_gym.bfcl.data import CATEGORIES, SPLITS, Entry, FunctionDoc, function_docs, get_entry, task_ids
 from seeupo_gym.bfcl.prompt import reveal_message, system_prompt
+from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 
@@ -47,6 +50,8 @@ class BFCLEnv(gym.Env[str, str]):
         template: the ReAct template (overrides keep_think when given).
         max_action_chars: longer responses are refused (error observation).
         max_observation_chars: longer observations are cut, with a note saying how much.
+        max_calls_per_response: a response with more calls is refused.
+        call_seconds_per_step: wall time in which a response's calls may start; later ones do not run.
     """
 
     metadata = {"render_modes": []}
@@ -61,6 +66,7 @@ class BFCLEnv(gym.Env[str, str]):
         max_action_chars: int = 32_768,
         max_observation_chars: int = 200_000,
         max_calls_per_response: int = 64,
+        call_seconds_per_step: float = 5.0,
     ) -> None:
         chosen = (categories,) if isinstance(categories, str) else tuple(categories)
         unknown = [category for category in chosen if category not in CATEGORIES]
@@ -70,6 +76,8 @@ class BFCLEnv(gym.Env[str, str]):
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if not call_seconds_per_step >= 0:
+            raise ValueError(f"call_seconds_per_step must be >= 0, got {call_seconds_per_step}")
         self.categories = chosen
         self.split = split
         self.max_turns = max_turns
@@ -77,6 +85,7 @@ class BFCLEnv(gym.Env[str, str]):
         self.max_action_chars = max_action_chars
         self.max_observation_chars = max_observation_chars
         self.max_calls_per_response = max_calls_per_response
+        self.call_seconds_per_step = call_seconds_per_step
         self.task_ids: tuple[str, ...] = tuple(task_ids(chosen, split))
         self.observation_space = UnicodeText(max_observation_chars)
         self.action_space = UnicodeText(max_action_chars)
@@ -94,7 +103,7 @@ class BFCLEnv(gym.Env[str, str]):
         super().reset(seed=seed)
         if seed is not None:
             self._order = []  # same seed, same task order
-        task_id = (options or {}).get("task_id")
+        task_id = task_id_option(options)
         entry = get_entry(task_id) if task_id is not None else get_entry(self._next_task_id())
 
         self._backend = None  # release the previous episode's state before building the next
@@ -121,7 +130,8 @@ class BFCLEnv(gym.Env[str, str]):
             raise RuntimeError("the episode is over (or never started): call reset() first")
         entry, backend = self._entry, self._backend
         self._turn += 1
-        text = action if isinstance(action, str) else repr(action)
+        # Not repr(action): an arbitrary object's repr may be huge or raise.
+        text = action if isinstance(action, str) else f"<not a string: {type(action).__name__}>"
         self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
 
         decoded = decode_response(
@@ -134,11 +144,17 @@ class BFCLEnv(gym.Env[str, str]):
         reward = 0.0
         executed: list[str] = []
         check: CheckResult | None = None
+        action_error = decoded.error or ""
         if decoded.kind == "calls":
-            results = [backend.execute(call) for call in decoded.calls]
-            executed = [call.source for call in decoded.calls]
+            results = backend.execute_within(decoded.calls, self.call_seconds_per_step)
+            executed = [call.source for call in decoded.calls[: len(results)]]
             self._calls_per_turn[self._user_turn].append(executed)
             observation = _results_observation(decoded.calls, results)
+            if len(results) < len(decoded.calls):
+                action_error = (
+                    f"{len(decoded.calls) - len(results)} of {len(decoded.calls)} calls did not run: a response's "
+                    f"calls must start within {self.call_seconds_per_step:g} s"
+                )
         elif decoded.kind == "turn_end":
             self._user_turn += 1
             if self._user_turn == entry.num_user_turns:
@@ -165,7 +181,7 @@ class BFCLEnv(gym.Env[str, str]):
         observation = self._clip(observation)
         if not terminated:
             self._messages.append({"role": "user", "content": observation})
-        info = self._info(decoded=decoded, executed=executed, check=check)
+        info = self._info(decoded.kind, action_error, executed, check)
         return observation, reward, terminated, truncated, info
 
     def close(self) -> None:
@@ -226,37 +242,38 @@ class BFCLEnv(gym.Env[str, str]):
 
     def _info(
         self,
-        decoded: DecodedResponse | None = None,
+        action_kind: str = "",
+        action_error: str = "",
         executed: list[str] | None = None,
         check: CheckResult | None = None,
     ) -> dict[str, Any]:
         entry = self._entry
         assert entry is not None
-        info: dict[str, Any] = {
+        check = check or CheckResult(valid=False)
+        return {
             "task_id": entry.id,
             "category": entry.category,
             "turn": self._turn,
             "user_turn": self._user_turn,
             "num_user_turns": entry.num_user_turns,
             "messages": [dict(message) for message in self._messages],
-            "success": bool(check is not None and check.valid),
-            "action_kind": decoded.kind if decoded is not None else None,
-            "action_error": decoded.error if decoded is not None else None,
+            "success": check.valid,
+            "action_kind": action_kind,  # "calls", "turn_end", "error"; "" after reset
+            "action_error": action_error,
             "calls": list(executed or []),
+            # The checker's verdict, filled in at the end of the episode.
+            "turn_results": list(check.turn_results),
+            "error_type": check.error_type or "",
+            "error_message": check.error_message or "",
+            "check_details": dict(check.details),
         }
-        if check is not None:
-            info.update(
-                turn_results=list(check.turn_results),
-                error_type=check.error_type,
-                error_message=check.error_message,
-                check_details=dict(check.details),
-            )
-        return info
 
 
 def _results_observation(calls: Sequence[Call], results: Sequence[str]) -> str:
+    """Each call with its result; calls past the end of `results` did not run (out of time)."""
     lines = ["Results:"]
-    for index, (call, result) in enumerate(zip(calls, results), start=1):
+    for index, call in enumerate(calls, start=1):
+        result = results[index - 1] if index <= len(results) else "not run: this response's calls ran out of time"
         lines.append(f"[{index}] {call.source} -> {result}")
     return "\n".join(lines)
 
