@@ -12,17 +12,24 @@ Variants (kwarg `variant`):
 - `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
 
-Invalid actions (anything that does not name one option, an unclosed `<think>` block, over-long
-text) never raise: the observation says what was wrong and lists the options again, the turn is
-used up, the same decision is asked again, and each invalid turn costs `invalid_penalty` off the
-final reward (floored at 0). An episode that reaches `max_turns` before the last decision is
-truncated with reward 0.
+The best joint action scores J* = 1 unless `optimum` says otherwise: a number in (0, 1] scales
+every task's rewards so that J* is that number; a range `(low, high)` draws each task's J* from
+it, so a learner cannot assume that the best possible reward is 1.
 
-`info["turn"]` counts the responses so far, like the other envs: 0 after reset, k after the k-th step.
+The env follows the contract of the other envs: `reset` returns the system prompt and the first
+step as one string; `info["messages"]` is the chat history, system message first; `info["turn"]`
+counts the responses so far (0 after reset); every `info` key has one type in every step.
+Invalid actions (anything that does not name one option, an unclosed `<think>` block, over-long
+text) never raise: the observation says what was wrong and lists the options again,
+`info["action_error"]` says it too (it is "" after a valid action), the turn is used up, the same
+decision is asked again, and each invalid turn costs `invalid_penalty` off the final reward
+(floored at 0). An episode that reaches `max_turns` before the last decision is truncated with
+reward 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -31,6 +38,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 
+from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 
@@ -90,6 +98,10 @@ class BanditTask:
     @property
     def optimal_value(self) -> float:
         return self.optimal()[0]
+
+    def optimal_answers(self) -> tuple[str, ...]:
+        """An optimal joint action as the labels the env accepts, one per step (e.g. ("B", "A"))."""
+        return tuple(LABELS[a] for a in self.optimal()[1])
 
     def first_turn_uniform_values(self) -> list[float]:
         """Mean reward of each first option when every later turn is uniform."""
@@ -154,6 +166,17 @@ def _easy_task(task_id: str, rng: random.Random, turns: int, options: int, hint:
     return BanditTask(task_id, "easy", goal, tuple(texts), rewards)
 
 
+def _optimum_range(optimum: float | tuple[float, float]) -> tuple[float, float]:
+    low, high = (optimum, optimum) if isinstance(optimum, (int, float)) else tuple(optimum)
+    if not 0 < low <= high <= 1:
+        raise ValueError(f"optimum must be a number in (0, 1] or a range (low, high) within it, got {optimum!r}")
+    return float(low), float(high)
+
+
+def _scaled(task: BanditTask, optimum: float) -> BanditTask:
+    return dataclasses.replace(task, rewards={a: round(r * optimum, 3) for a, r in task.rewards.items()})
+
+
 def make_tasks(
     variant: str = "mixed",
     num_tasks: int = 64,
@@ -161,8 +184,10 @@ def make_tasks(
     turns: tuple[int, int] = (2, 4),
     options: int = 3,
     hint: bool = False,
+    optimum: float | tuple[float, float] = 1.0,
 ) -> list[BanditTask]:
-    """The task list of a TurnBandit variant; task i depends only on (variant, seed, i)."""
+    """The task list of a TurnBandit variant; task i depends only on (variant, seed, i, optimum)."""
+    low_optimum, high_optimum = _optimum_range(optimum)
     if variant not in VARIANTS:
         raise ValueError(f"unknown TurnBandit variant {variant!r}; choose one of {VARIANTS}")
     low, high = turns
@@ -175,11 +200,15 @@ def make_tasks(
         rng = random.Random(f"turnbandit:{variant}:{seed}:{i}")
         task_id = f"{variant}-{seed}-{i}"
         if variant == "easy":
-            tasks.append(_easy_task(task_id, rng, rng.randint(low, high), options, hint))
-            continue
-        kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
-        make = _climbing_task if kind == "climbing" else _random_task
-        tasks.append(make(task_id, rng, rng.randint(low, high), options))
+            task = _easy_task(task_id, rng, rng.randint(low, high), options, hint)
+        else:
+            kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
+            make = _climbing_task if kind == "climbing" else _random_task
+            task = make(task_id, rng, rng.randint(low, high), options)
+        if (low_optimum, high_optimum) != (1.0, 1.0):
+            # Its own generator, so the tasks with J* = 1 stay exactly what they were.
+            task = _scaled(task, random.Random(f"turnbandit-optimum:{variant}:{seed}:{i}").uniform(low_optimum, high_optimum))
+        tasks.append(task)
     return tasks
 
 
@@ -208,10 +237,11 @@ def parse_choice(action: str, options: Sequence[str]) -> int | None:
 
 
 class TurnBanditEnv(gym.Env[str, str]):
-    """Sequence-level multi-turn text env over TurnBandit tasks (DESIGN section 2).
+    """Sequence-level multi-turn text env over TurnBandit tasks: one step is one whole response.
 
     kwargs: variant, num_tasks, seed (of the task list, not of the episode draw), turns=(low, high),
-    options (K), hint (easy variant), invalid_penalty, max_turns, template.
+    options (K), hint (easy variant), optimum (J*, or the range J* is drawn from per task),
+    invalid_penalty, max_turns, template.
     `gym.make("seeupo/TurnBandit-v0", variant="easy", options=2)` is the small-LLM preset.
     """
 
@@ -225,6 +255,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         turns: tuple[int, int] | None = None,
         options: int | None = None,
         hint: bool = False,
+        optimum: float | tuple[float, float] = 1.0,
         invalid_penalty: float = 0.1,
         max_turns: int = 10,
         template: ReActTemplate | None = None,
@@ -232,7 +263,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         if variant == "easy":
             turns = turns or (2, 2)
             options = options or 2
-        self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint)
+        self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum)
         self.task_index = {task.task_id: k for k, task in enumerate(self.tasks)}
         self.task_ids: tuple[str, ...] = tuple(task.task_id for task in self.tasks)
         if not 0 <= invalid_penalty <= 1:
@@ -273,7 +304,7 @@ class TurnBanditEnv(gym.Env[str, str]):
     # -- gym API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
+        task_id = task_id_option(options)
         if task_id is None:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         elif task_id in self.task_index:
@@ -281,12 +312,10 @@ class TurnBanditEnv(gym.Env[str, str]):
         else:
             raise ValueError(f"unknown TurnBandit task_id {task_id!r}; ids look like {self.tasks[0].task_id!r}")
         self._choices, self._turns_taken, self._invalid, self._done = [], 0, 0, False
-        observation = f"Task {self.task.task_id}. {self.task.goal}\n{self._step_text()}"
-        self._messages = [
-            {"role": "system", "content": self.system_prompt()},
-            {"role": "user", "content": observation},
-        ]
-        return observation, self._info(turn=0)
+        system = self.system_prompt()
+        first = f"Task {self.task.task_id}. {self.task.goal}\n{self._step_text()}"
+        self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+        return f"{system}\n\n{first}", self._info(turn=0, action_error="")
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.task is None or self._done:
@@ -328,13 +357,10 @@ class TurnBanditEnv(gym.Env[str, str]):
             observation += f"\nTurn limit ({self.max_turns}) reached before the last step. Team reward: 0.000."
         self._done = terminated or truncated
         self._messages.append({"role": "user", "content": observation})
-        info = self._info(turn=self._turns_taken)
-        info["invalid_action"] = choice is None
-        if choice is None:
-            info["error"] = problem
-        return observation, reward, terminated, truncated, info
+        return observation, reward, terminated, truncated, self._info(turn=self._turns_taken, action_error=problem)
 
-    def _info(self, turn: int) -> dict[str, Any]:
+    def _info(self, turn: int, action_error: str) -> dict[str, Any]:
+        # One type per key in every step (vector envs batch info per key): "" means no error.
         assert self.task is not None
         optimal = self.task.optimal_value
         complete = len(self._choices) == self.task.num_turns
@@ -347,5 +373,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             "success": bool(success),
             "choices": "".join(LABELS[c] for c in self._choices),
             "invalid_actions": self._invalid,
+            "invalid_action": bool(action_error),
+            "action_error": action_error,
             "optimal_value": optimal,
         }

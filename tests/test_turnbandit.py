@@ -55,8 +55,8 @@ def test_easy_preset_is_two_turns_two_options_with_a_per_turn_reward():
     task = env.unwrapped.tasks[0]
     assert (task.num_turns, task.num_options) == (2, 2)
     assert sorted(set(task.rewards.values())) == [0.0, 0.5, 1.0]
-    obs, _ = env.reset(seed=0)
-    assert len(obs) < 200  # short prompts for a small model
+    _, info = env.reset(seed=0)
+    assert len(info["messages"][1]["content"]) < 200  # short steps for a small model
 
 
 def test_check_env_passes():
@@ -123,7 +123,7 @@ def test_invalid_actions_cost_a_turn_repeat_the_decision_and_are_visible(bad):
     env.reset(options={"task_id": task.task_id})
     obs, reward, terminated, truncated, info = env.step(bad)
     assert (reward, terminated, truncated) == (0.0, False, False)
-    assert info["invalid_action"] and info["invalid_actions"] == 1 and info["error"]
+    assert info["invalid_action"] and info["invalid_actions"] == 1 and info["action_error"]
     assert obs.startswith("Invalid action") and f"Step 1 of {task.num_turns}" in obs
     assert info["turn"] == 1 and info["choices"] == ""
 
@@ -154,7 +154,7 @@ def test_non_string_action_is_an_error_observation_not_a_crash():
     env = TurnBanditEnv(num_tasks=2)
     env.reset(seed=1)
     obs, _, _, _, info = env.step(None)  # type: ignore[arg-type]
-    assert info["invalid_action"] and "string" in info["error"]
+    assert info["invalid_action"] and "string" in info["action_error"]
 
 
 def test_reset_draws_tasks_reproducibly_and_rejects_unknown_ids():
@@ -193,3 +193,74 @@ def test_env_lists_its_task_ids_and_reports_each_task_kind_as_category():
         _, info = env.reset(options={"task_id": task_id})
         kinds.add(info["category"])
     assert kinds == {"climbing", "random"}
+
+
+def test_reset_returns_the_system_prompt_and_the_first_step_like_the_other_envs():
+    env = TurnBanditEnv(num_tasks=2)
+    obs, info = env.reset(seed=0)
+    system, first = info["messages"][0], info["messages"][1]
+    assert system["role"] == "system" and "TurnBandit" in system["content"]
+    assert obs == system["content"] + "\n\n" + first["content"]
+    assert env.observation_space.contains(obs)
+
+
+def test_valid_actions_report_an_empty_action_error():
+    env = TurnBanditEnv(num_tasks=2)
+    _, info = env.reset(seed=0)
+    assert (info["action_error"], info["invalid_action"]) == ("", False)
+    *_, info = env.step(act("A"))
+    assert (info["action_error"], info["invalid_action"]) == ("", False)
+
+
+@pytest.mark.parametrize("variant", ["climbing", "random", "easy"])
+def test_optimal_answers_are_labels_the_env_accepts_and_earn_j_star(variant):
+    env = TurnBanditEnv(variant=variant, num_tasks=6)
+    for task in env.tasks:
+        env.reset(options={"task_id": task.task_id})
+        assert len(task.optimal_answers()) == task.num_turns
+        for label in task.optimal_answers():
+            _, reward, terminated, _, info = env.step(label)
+        assert terminated and info["success"] and reward == pytest.approx(task.optimal_value)
+
+
+def test_optimum_sets_j_star_below_one():
+    tasks = make_tasks("mixed", 8, seed=0, optimum=0.6)
+    assert {task.optimal_value for task in tasks} == {0.6}
+    assert all(max(task.rewards.values()) == 0.6 for task in tasks)
+
+
+def test_an_optimum_range_draws_each_tasks_j_star_from_it_and_keeps_climbing_deceptive():
+    tasks = make_tasks("climbing", 20, seed=0, optimum=(0.3, 0.9))
+    values = [task.optimal_value for task in tasks]
+    assert all(0.3 <= value <= 0.9 for value in values) and len(set(values)) > 10
+    assert all(task.deceptive for task in tasks)
+    assert make_tasks("climbing", 20, seed=0, optimum=(0.3, 0.9)) == tasks
+
+
+def test_the_default_optimum_leaves_the_tasks_as_they_were():
+    assert make_tasks("mixed", 6, seed=1) == make_tasks("mixed", 6, seed=1, optimum=1.0)
+    assert {task.optimal_value for task in make_tasks("mixed", 6, seed=1)} == {1.0}
+
+
+def test_an_env_with_j_star_below_one_counts_reaching_it_as_success():
+    env = gym.make("seeupo/TurnBandit-v0", variant="random", num_tasks=3, optimum=(0.4, 0.7))
+    task = env.unwrapped.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    for label in task.optimal_answers():
+        _, reward, terminated, _, info = env.step(act(label))
+    assert terminated and info["success"] and 0.4 <= reward <= 0.7
+
+
+@pytest.mark.parametrize("optimum", [0.0, 1.5, (0.8, 0.2), (-0.1, 0.5)])
+def test_an_optimum_outside_zero_one_is_a_clear_error(optimum):
+    with pytest.raises(ValueError, match="optimum"):
+        make_tasks("mixed", 2, optimum=optimum)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [("notadict", "must be a dict"), ({"task_id": "../tasks/x"}, "task name"), ({"task_id": 3}, "task name")],
+)
+def test_reset_options_of_the_wrong_shape_are_clear_errors(options, match):
+    with pytest.raises(ValueError, match=match):
+        TurnBanditEnv(num_tasks=2).reset(options=options)
