@@ -9,7 +9,12 @@ Prints:
 - step overhead: env.step on each ground-truth call list vs BFCL's own
   `execute_multi_turn_func_call` on the same calls (backends already built in both);
 - ground-truth replay episodes per second through gym.make (the checker included);
-- RSS growth over N replayed episodes after a warm-up.
+- RSS growth over N replayed episodes after a warm-up;
+- adversarial responses: step time and the time of the final step (BFCL's checker replays the
+  calls) for the responses that used to take seconds, and for calls at the argument bounds;
+- the slowest single call of every backend function with each argument at its bound.
+
+`--adversarial-only` runs the last two (also against an older checkout via PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -26,7 +31,93 @@ import gymnasium as gym
 import psutil
 
 import seeupo_gym  # noqa: F401
-from seeupo_gym.bfcl import CATEGORIES, load_category, render_action, render_turn_end, task_ids
+from seeupo_gym.bfcl import CATEGORIES, get_entry, load_category, render_action, render_turn_end, task_ids
+from seeupo_gym.bfcl.data import function_docs
+
+# Entries whose backends cover every class: base_15 has MathAPI and GorillaFileSystem.
+_ENTRY_PER_CLASS = {"GorillaFileSystem": "multi_turn_base_0", "TwitterAPI": "multi_turn_base_0",
+                    "TicketAPI": "multi_turn_base_2", "MessageAPI": "multi_turn_base_14",
+                    "MathAPI": "multi_turn_base_15", "VehicleControlAPI": "multi_turn_base_50",
+                    "TradingBot": "multi_turn_base_100", "TravelAPI": "multi_turn_base_150"}
+_BIG_INT = "9" * 20  # the largest integer literal the env accepts has 20 digits
+
+
+def adversarial_responses() -> dict[str, str]:
+    """Responses that cost seconds before the bounds, and the costliest ones within them."""
+    huge = "9" * 4299  # just under CPython's int -> str limit, so it parses
+    return {
+        "power, 4299-digit base": f"[power(base={huge}, exponent=1000)]",
+        "7 x power, 4299-digit base": "[" + ", ".join([f"power(base={huge}, exponent=1000)"] * 7) + "]",
+        "add, 0x + 4000 hex digits": f"[add(a=0x{'f' * 4000}, b=1)]",
+        "64 x power at the bounds": "[" + ", ".join([f"power(base={_BIG_INT}, exponent=1000)"] * 64) + "]",
+        "64 x logarithm, precision 1000": "[" + ", ".join(["logarithm(value=7, base=3, precision=1000)"] * 64) + "]",
+        "64 x square_root, precision 1000": "[" + ", ".join([f"square_root(number={_BIG_INT}, precision=1000)"] * 64) + "]",
+        "standard_deviation of 1400 big ints": f"[standard_deviation(numbers=[{', '.join([_BIG_INT] * 1400)}])]",
+    }
+
+
+def adversarial_steps() -> None:
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all", max_turns=1_000)
+    entry = get_entry("multi_turn_base_15")
+    for name, action in adversarial_responses().items():
+        env.reset(options={"task_id": entry.id})
+        start = time.perf_counter()
+        try:
+            *_, info = env.step(f"<think>x</think>\n{action}")
+            outcome = f"{info['action_kind']}, {len(info['calls'])} calls ran"
+        except Exception as error:  # what the env did before the bounds: report, do not stop
+            outcome = f"step raised {type(error).__name__}"
+        step_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(entry.num_user_turns):
+            env.step(render_turn_end("Done."))
+        check_seconds = time.perf_counter() - start
+        print(f"  {name:38s} step {step_seconds:7.3f} s ({outcome}); final step with the checker {check_seconds:7.3f} s")
+
+    # The costliest episode within the default 10 responses: 5 responses of 64 logarithms at
+    # precision 1000 (each replayed by the checker, which on failure also replays every prefix).
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all")
+    env.reset(options={"task_id": entry.id})
+    logarithms = "[" + ", ".join(["logarithm(value=7, base=3, precision=1000)"] * 64) + "]"
+    slowest_step = 0.0
+    for action in [logarithms, "Done."] * entry.num_user_turns:
+        start = time.perf_counter()
+        env.step(f"<think>x</think>\n{action}")
+        slowest_step = max(slowest_step, time.perf_counter() - start)
+    print(f"  10 responses, 5 x 64 logarithms, failing check: slowest step {slowest_step:.3f} s")
+
+
+def _bound_values(kind: str) -> list[str]:
+    if kind in ("integer", "int"):
+        return [_BIG_INT, "-" + _BIG_INT]
+    if kind in ("float", "number"):
+        return ["1e308", "-1e308", _BIG_INT]
+    if kind == "array":
+        return ["[" + ", ".join([_BIG_INT] * 1400) + "]", "[" + ", ".join(["'x'"] * 6000) + "]"]
+    if kind == "dict":
+        return ["{" + ", ".join(f"'k{i}': 'v'" for i in range(2500)) + "}"]
+    if kind == "boolean":
+        return ["True"]
+    return [repr("x" * 30_000), repr("a\n" * 15_000)]
+
+
+def slowest_calls(top: int = 5) -> None:
+    """Each function once per argument at a bound (the others small); the slowest steps."""
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all", max_turns=1_000_000)
+    timings = []
+    for class_name, task_id in _ENTRY_PER_CLASS.items():
+        env.reset(options={"task_id": task_id})
+        for doc in function_docs()[class_name]:
+            properties = doc.parameters.get("properties", {})
+            small = {name: _bound_values(schema.get("type", "string"))[0][:8] or "1" for name, schema in properties.items()}
+            for name, schema in properties.items():
+                for value in _bound_values(schema.get("type", "string")):
+                    args = ", ".join(f"{key}={value if key == name else small_value}" for key, small_value in small.items())
+                    start = time.perf_counter()
+                    env.step(f"<think>x</think>\n[{doc.name}({args})]")
+                    timings.append((time.perf_counter() - start, f"{doc.name}({name}=<{len(value)} chars>)"))
+    timings.sort(reverse=True)
+    print(f"  {len(timings)} calls; slowest: " + "; ".join(f"{label} {1e3 * seconds:.1f} ms" for seconds, label in timings[:top]))
 
 
 def fresh_interpreter_seconds(code: str, repeats: int = 3) -> float:
@@ -137,7 +228,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--memory-episodes", type=int, default=1_000)
     parser.add_argument("--overhead-rounds", type=int, default=3)
+    parser.add_argument("--adversarial-only", action="store_true")
     args = parser.parse_args()
+
+    print("adversarial responses (base_15: GorillaFileSystem + MathAPI):")
+    adversarial_steps()
+    print("every backend function with one argument at its bound:")
+    slowest_calls()
+    if args.adversarial_only:
+        return
 
     for split in ("all", "train", "test"):
         print(f"entries that can finish within 10 responses ({split}):", completable_within(10, split))
