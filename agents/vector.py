@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import gymnasium as gym
-import numpy as np
 
-from agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +94,6 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, add_generatio
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Tokenize rendered template text; its special tokens are written out in it, add none."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def derive_seed(*parts: int) -> int:
-    """A 32-bit seed from integers (independent streams for tasks, rollouts and steps)."""
-    return int(np.random.SeedSequence([abs(int(p)) for p in parts]).generate_state(1)[0])
 
 
 @dataclass

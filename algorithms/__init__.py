@@ -1,5 +1,8 @@
-"""Rollout records, advantage estimators, losses and the algorithms that use them."""
+"""The pure algorithm kit: rollout records, shared loss parts, PPO/GRPO/GSPO/SeeUPO, a tabular policy.
 
-from algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
+It imports torch and itself only; `seeupo_gym.algorithms.training` is the run layer above it.
+"""
+
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
 
 __all__ = ["RolloutBatch", "Trajectory", "Turn", "TurnSample"]

@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar
 
 import torch
 
-from algorithms.rollout import RolloutBatch, TurnSample
+from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 
 @dataclass
@@ -175,9 +175,9 @@ def register_algorithm(name: str) -> Callable[[A], A]:
 def _load_builtin_algorithms() -> None:
     # Imported lazily so that `import algorithms` stays cheap; each module registers itself.
     for module in ("ppo", "grpo", "gspo", "seeupo"):
-        spec = importlib.util.find_spec(f"algorithms.{module}")
+        spec = importlib.util.find_spec(f"seeupo_gym.algorithms.{module}")
         if spec is not None:
-            importlib.import_module(f"algorithms.{module}")
+            importlib.import_module(f"seeupo_gym.algorithms.{module}")
 
 
 def load_plugin(path: str | Path) -> None:

@@ -16,8 +16,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from algorithms.base import Learner, TokenLogprobs
-from algorithms.rollout import RolloutBatch, TurnSample
+from seeupo_gym.algorithms.base import Learner, TokenLogprobs
+from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 NORMALIZATIONS = ("none", "group", "batch")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms import core
-from algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
-from algorithms.rollout import RolloutBatch
+from seeupo_gym.algorithms import core
+from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms.rollout import RolloutBatch
 
 
 @dataclass

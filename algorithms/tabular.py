@@ -20,8 +20,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from algorithms.base import TokenLogprobs
-from algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
+from seeupo_gym.algorithms.base import TokenLogprobs
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
 
 
 class JointActionTask(Protocol):

@@ -19,10 +19,10 @@ import time
 import torch
 from accelerate import Accelerator
 
-from agents.models import load_model
-from algorithms.base import make_algorithm
-from algorithms.learner import LLMLearner, frozen_copy
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.algorithms.base import make_algorithm
+from seeupo_gym.algorithms.training.learner import LLMLearner, frozen_copy
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 
 def multi_turn_batch(

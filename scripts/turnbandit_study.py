@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from algorithms.base import make_algorithm
-from algorithms.tabular import TabularPolicy, sample_batch
+from seeupo_gym.algorithms.base import make_algorithm
+from seeupo_gym.algorithms.tabular import TabularPolicy, sample_batch
 from seeupo_gym.turnbandit import make_tasks
 
 

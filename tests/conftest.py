@@ -14,6 +14,6 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from agents.models import load_model
+    from seeupo_gym.agents.models import load_model
 
     return load_model("tiny", seed=0)

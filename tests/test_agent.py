@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from agents.backends import Completion, HFBackend, SamplingParams
-from agents.scoring import response_logprobs
-from agents.vector import END_CONTEXT_BUDGET, END_ENV_ERROR, ChatDelta, VectorAgent, encode, render_chat
+from seeupo_gym.agents.backends import Completion, HFBackend, SamplingParams
+from seeupo_gym.agents.scoring import response_logprobs
+from seeupo_gym.agents.vector import END_CONTEXT_BUDGET, END_ENV_ERROR, ChatDelta, VectorAgent, encode, render_chat
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 

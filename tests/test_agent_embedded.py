@@ -11,9 +11,9 @@ import collections
 import pytest
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from agents.backends import HFBackend, SamplingParams
-from agents.models import load_model
-from agents.vector import VectorAgent
+from seeupo_gym.agents.backends import HFBackend, SamplingParams
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.agents.vector import VectorAgent
 from seeupo_gym.bfcl.data import task_ids
 
 NUM_TASKS = 20

@@ -11,10 +11,10 @@ from typing import Sequence
 import pytest
 import torch
 
-from algorithms import core
-from algorithms.base import Algorithm, UpdatePhase, available_algorithms, load_plugin, make_algorithm, register_algorithm
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
-from algorithms.tabular import TabularPolicy, context_ids
+from seeupo_gym.algorithms import core
+from seeupo_gym.algorithms.base import Algorithm, UpdatePhase, available_algorithms, load_plugin, make_algorithm, register_algorithm
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms.tabular import TabularPolicy, context_ids
 
 torch.set_num_threads(1)
 
@@ -351,7 +351,7 @@ def test_a_user_algorithm_from_a_test_file_registers_and_updates_the_tabular_pol
 def test_a_user_algorithm_file_loads_as_a_plugin(tmp_path):
     plugin = tmp_path / "my_algo.py"
     plugin.write_text(
-        "from algorithms.base import Algorithm, register_algorithm\n"
+        "from seeupo_gym.algorithms.base import Algorithm, register_algorithm\n"
         "@register_algorithm('test-plugin-noop')\n"
         "class Noop(Algorithm):\n"
         "    def update(self, batch, learner, generator):\n"
@@ -365,11 +365,11 @@ def test_a_user_algorithm_file_loads_as_a_plugin(tmp_path):
 
 
 def test_loading_a_plugin_file_twice_registers_its_algorithm_once(tmp_path):
-    from algorithms.base import available_algorithms, load_plugin
+    from seeupo_gym.algorithms.base import available_algorithms, load_plugin
 
     plugin = tmp_path / "twice_plugin.py"
     plugin.write_text(
-        "from algorithms.base import Algorithm, register_algorithm\n"
+        "from seeupo_gym.algorithms.base import Algorithm, register_algorithm\n"
         "@register_algorithm('loaded-twice')\n"
         "class LoadedTwice(Algorithm):\n"
         "    def update(self, batch, learner, generator):\n"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.backends import Backend, HFBackend, SamplingParams
-from agents.models import load_model
-from agents.scoring import response_logprobs
+from seeupo_gym.agents.backends import Backend, HFBackend, SamplingParams
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.agents.scoring import response_logprobs
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,15 +8,15 @@ import importlib.util
 import pytest
 import torch
 
-from agents.backends.vllm import VLLM_INSTALL_HINT, merged_state_dict, model_folder
-from agents.models import load_model
+from seeupo_gym.agents.backends.vllm import VLLM_INSTALL_HINT, merged_state_dict, model_folder
+from seeupo_gym.agents.models import load_model
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed")
 def test_missing_vllm_is_a_clear_error():
-    from agents.backends import VLLMBackend
+    from seeupo_gym.agents.backends import VLLMBackend
 
     with pytest.raises(ImportError, match="seeupo-gym\\[vllm\\]"):
         VLLMBackend("tiny")
@@ -51,8 +51,8 @@ def test_tiny_model_folder_is_saved_once_and_loads(tmp_path, monkeypatch):
 
 def check_token_in_token_out_and_weight_sync(backend) -> None:
     """Sampled logprobs equal teacher forcing, same seed same samples, and pushed weights take effect."""
-    from agents.backends import SamplingParams
-    from agents.scoring import response_logprobs
+    from seeupo_gym.agents.backends import SamplingParams
+    from seeupo_gym.agents.scoring import response_logprobs
 
     model, tokenizer = load_model("tiny", seed=0)
     prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]
@@ -84,7 +84,7 @@ def vllm_cpu_env(monkeypatch):
 
 @pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a GPU")
 def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
-    from agents.backends import VLLMBackend
+    from seeupo_gym.agents.backends import VLLMBackend
 
     check_token_in_token_out_and_weight_sync(
         VLLMBackend("tiny", seed=0, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
@@ -94,7 +94,7 @@ def test_vllm_token_in_token_out_and_weight_sync_on_gpu():
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
 def test_vllm_cpu_token_in_token_out_and_weight_sync(vllm_cpu_env):
-    from agents.backends import VLLMBackend
+    from seeupo_gym.agents.backends import VLLMBackend
 
     check_token_in_token_out_and_weight_sync(
         VLLMBackend("tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True)
@@ -104,8 +104,8 @@ def test_vllm_cpu_token_in_token_out_and_weight_sync(vllm_cpu_env):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
 def test_vllm_cpu_samples_with_a_pushed_lora_adapter(vllm_cpu_env):
-    from agents.backends import SamplingParams, VLLMBackend
-    from agents.scoring import response_logprobs
+    from seeupo_gym.agents.backends import SamplingParams, VLLMBackend
+    from seeupo_gym.agents.scoring import response_logprobs
 
     model, tokenizer = load_model("tiny", seed=0, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     with torch.no_grad():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.config import ConfigError
-from scripts.compare import (
+from seeupo_gym.algorithms.training.config import ConfigError
+from seeupo_gym.algorithms.training.compare import (
     EvalPlan,
     build_plan,
     eval_steps,
@@ -147,7 +147,7 @@ def test_report_only_rebuilds_from_the_jsonl(tmp_path, capsys):
 def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
     plugin = tmp_path / "boom.py"
     plugin.write_text(
-        "from algorithms.base import Algorithm, register_algorithm\n"
+        "from seeupo_gym.algorithms.base import Algorithm, register_algorithm\n"
         "@register_algorithm('boom')\n"
         "class Boom(Algorithm):\n"
         "    def update(self, batch, learner, generator):\n"

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from algorithms import core
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms import core
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 T, F = True, False
 

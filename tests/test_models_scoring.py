@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.models import load_model
-from agents.scoring import response_logprobs
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.agents.scoring import response_logprobs
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

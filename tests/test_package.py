@@ -12,5 +12,21 @@ def test_importing_seeupo_gym_pulls_in_nothing_heavy():
     assert out.stdout.strip() == ""
 
 
-def test_the_three_packages_import():
-    subprocess.run([sys.executable, "-c", "import seeupo_gym, agents, algorithms"], check=True)
+def test_the_three_layers_import_under_the_seeupo_gym_namespace():
+    subprocess.run([sys.executable, "-c", "import seeupo_gym.agents, seeupo_gym.algorithms.training.trainer"], check=True)
+
+
+def test_pyproject_lists_every_package_folder():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    folders = {"seeupo_gym": "seeupo_gym", "agents": "seeupo_gym.agents", "algorithms": "seeupo_gym.algorithms"}
+    found = {
+        ".".join([folders[init.relative_to(root).parts[0]], *init.relative_to(root).parts[1:-1]])
+        for top in folders
+        for init in (root / top).rglob("__init__.py")
+    }
+    assert found == listed

@@ -1,6 +1,6 @@
 import pytest
 
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 
 def make_turn(n_tokens: int = 2, offset: int = 0) -> Turn:

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from algorithms.base import make_algorithm
-from algorithms.tabular import TabularPolicy, context_ids, expected_batch, sample_batch
+from seeupo_gym.algorithms.base import make_algorithm
+from seeupo_gym.algorithms.tabular import TabularPolicy, context_ids, expected_batch, sample_batch
 from seeupo_gym.turnbandit import make_tasks
 
 torch.set_num_threads(1)
@@ -163,14 +163,15 @@ def test_reverse_seeupo_reaches_the_optimum_on_every_deceptive_instance_for_ever
 
 
 def test_the_study_script_writes_its_table_and_curves(tmp_path, monkeypatch):
+    import runpy
     import sys
+    from pathlib import Path
 
-    from scripts import turnbandit_study
-
-    args = ["turnbandit_study.py", "--out", str(tmp_path), "--num-tasks", "2", "--seeds", "1", "--iterations", "3",
+    script = Path(__file__).resolve().parent.parent / "scripts" / "turnbandit_study.py"
+    args = [str(script), "--out", str(tmp_path), "--num-tasks", "2", "--seeds", "1", "--iterations", "3",
             "--rollouts", "4", "--only", "seeupo reverse/batch", "grpo"]
     monkeypatch.setattr(sys, "argv", args)
-    turnbandit_study.main()
+    runpy.run_path(str(script), run_name="__main__")
     table = (tmp_path / "results.md").read_text()
     assert "| seeupo reverse/batch |" in table and "| grpo |" in table and "| ppo |" not in table
     assert (tmp_path / "curves.png").stat().st_size > 1000

@@ -13,9 +13,10 @@ import json
 import pytest
 from trainer_helpers import ROOT, SHORT_TASKS, tiny_config, trainable_changed
 
-from agents.models import load_model
-from algorithms.config import ConfigError
-from algorithms.trainer import RolloutError, Trainer, checkpoints
+from seeupo_gym.agents.models import load_model
+from seeupo_gym.algorithms.training.config import ConfigError
+from seeupo_gym.algorithms.training.checkpoint import checkpoints
+from seeupo_gym.algorithms.training.trainer import RolloutError, Trainer
 
 
 # Episodes of 2 turns where the turn structure matters to the update (SeeUPO's turn pools,
@@ -32,8 +33,7 @@ def test_each_algorithm_trains_two_steps_on_bfcl_with_length_shaped_reward(tmp_p
         records = trainer.train()
         assert trainer.state.step == 2
         assert trainable_changed(trainer.accelerator.unwrap_model(trainer.model)) > 1e-4
-        if trainer.value_model is not None:
-            assert algorithm == "ppo"
+        assert (trainer.learner.value_model is not None) == (algorithm == "ppo")
     train_records = [r for r in records if "rollout/trajectories" in r]
     assert [r["step"] for r in train_records] == [1.0, 2.0]
     for record in train_records:
@@ -67,11 +67,11 @@ def test_lora_run_trains_only_the_adapter(tmp_path):
 
 
 def test_cli_trains_a_step_on_real_bfcl_evaluates_and_writes_metrics_tensorboard_and_checkpoint(tmp_path):
-    from scripts.train import main
+    from seeupo_gym.algorithms.training.cli import train_main as main
 
     out = tmp_path / "cli"
     code = main([
-        "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--config", "tiny-cpu",
         f"log.output_dir={out}", f"env.train_tasks=[{SHORT_TASKS[0]}]", "env.kwargs={max_turns: 1}",
         f"env.eval_tasks=[{', '.join(SHORT_TASKS)}]", "train.eval_every=1",
         "train.steps=1", "train.tasks_per_step=1", "sampling.max_new_tokens=4", "log.progress_bars=false",
@@ -81,16 +81,22 @@ def test_cli_trains_a_step_on_real_bfcl_evaluates_and_writes_metrics_tensorboard
     assert train["step"] == 1 and train["rollout/trajectories"] == 2.0
     assert train["rollout/reward_mean"] == 0.0  # a random model fails BFCL
     # Greedy evaluation: one rollout per eval task, logged under eval/ at the same step.
-    assert evaluation["step"] == 1 and evaluation["eval/trajectories"] == 2.0
+    assert evaluation["step"] == 1 and evaluation["eval/tasks"] == 2.0 and evaluation["eval/rollouts_per_task"] == 1.0
+    assert evaluation["eval/avg@1"] == 0.0
     assert list((out / "logs").rglob("events.out.tfevents.*"))
     checkpoint = out / "checkpoints" / "step-1"
-    assert (checkpoint / "config.yaml").is_file() and (checkpoint / "model.safetensors").is_file()
+    assert (checkpoint / "config.yaml").is_file()
+    # The checkpoint's hf/ folder is a plain Hugging Face model.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported = AutoModelForCausalLM.from_pretrained(checkpoint / "hf")
+    assert exported.num_parameters() > 0 and AutoTokenizer.from_pretrained(checkpoint / "hf").vocab_size > 100_000
 
 
 def test_cli_reports_a_bad_config_key_and_exits_2(tmp_path, capsys):
-    from scripts.train import main
+    from seeupo_gym.algorithms.training.cli import train_main as main
 
-    assert main(["--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "optim.learning_rate=1"]) == 2
+    assert main(["--config", "tiny-cpu", "optim.learning_rate=1"]) == 2
     assert "optim.learning_rate" in capsys.readouterr().err
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from trainer_helpers import tiny_config, trainable_changed
 
-from algorithms import core
-from algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from algorithms.trainer import Trainer
+from seeupo_gym.algorithms import core
+from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
+from seeupo_gym.algorithms.training.trainer import Trainer
 
 
 @dataclass
@@ -48,7 +48,7 @@ def test_algorithm_defined_in_a_test_file_trains_a_step_through_the_trainer(tmp_
 
 PLUGIN = '''
 import torch
-from algorithms.base import Algorithm, register_algorithm
+from seeupo_gym.algorithms.base import Algorithm, register_algorithm
 
 @register_algorithm("test-file-plugin-sft")
 class NegativeLikelihood(Algorithm):

@@ -17,9 +17,9 @@ from accelerate.utils import DistributedDataParallelKwargs
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_helpers import synthetic_batch  # noqa: E402
 
-from agents.models import load_model  # noqa: E402
-from algorithms.base import make_algorithm  # noqa: E402
-from algorithms.learner import LLMLearner, frozen_copy  # noqa: E402
+from seeupo_gym.agents.models import load_model  # noqa: E402
+from seeupo_gym.algorithms.base import make_algorithm  # noqa: E402
+from seeupo_gym.algorithms.training.learner import LLMLearner, frozen_copy  # noqa: E402
 
 
 def main() -> None:

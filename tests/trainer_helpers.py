@@ -9,10 +9,14 @@ import gymnasium as gym
 
 from pathlib import Path
 
+from seeupo_gym.algorithms.training.config import PRESETS_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+
 import torch
 
-from algorithms.config import Config, load_config
-from algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms.training.config import Config, load_config
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 
 def synthetic_batch(
@@ -83,15 +87,14 @@ if SHAPED_BFCL_ID not in gym.registry:
 
 # --------------------------------------------------------------------------- trainer configs
 
-ROOT = Path(__file__).resolve().parent.parent
 # The BFCL tasks with the shortest prompts (~1.5k tokens), to keep the CPU tests fast.
 SHORT_TASKS = ["multi_turn_miss_func_146", "multi_turn_miss_func_121"]
 
 
 def tiny_config(tmp_path: Path, *overrides: str) -> Config:
-    """configs/tiny-cpu.yaml on the length-shaped BFCL env, 1 task x 2 rollouts, 4 new tokens."""
+    """The tiny-cpu preset on the length-shaped BFCL env, 1 task x 2 rollouts, 4 new tokens."""
     return load_config(
-        ROOT / "configs" / "tiny-cpu.yaml",
+        PRESETS_DIR / "tiny-cpu.yaml",
         [
             f"log.output_dir={tmp_path / 'run'}",
             "log.trackers=[]",
@@ -111,7 +114,7 @@ def tiny_config(tmp_path: Path, *overrides: str) -> Config:
 
 def trainable_changed(model: torch.nn.Module) -> float:
     """Largest absolute change of any weight against the tiny model's initial weights."""
-    from agents.models import load_model
+    from seeupo_gym.agents.models import load_model
 
     initial, _ = load_model("tiny", seed=0)
     start = dict(initial.named_parameters())

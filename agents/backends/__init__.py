@@ -1,7 +1,7 @@
 """Generation backends: token ids in, token ids + per-token logprobs + finish reason out."""
 
-from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Backend, Completion, SamplingParams
-from agents.backends.hf import HFBackend
+from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Backend, Completion, SamplingParams
+from seeupo_gym.agents.backends.hf import HFBackend
 
 __all__ = ["Backend", "Completion", "SamplingParams", "HFBackend", "VLLMBackend", "FINISH_STOP", "FINISH_LENGTH"]
 
@@ -9,7 +9,7 @@ __all__ = ["Backend", "Completion", "SamplingParams", "HFBackend", "VLLMBackend"
 def __getattr__(name: str):
     # vLLM is an optional extra: import it only when asked for.
     if name == "VLLMBackend":
-        from agents.backends.vllm import VLLMBackend
+        from seeupo_gym.agents.backends.vllm import VLLMBackend
 
         return VLLMBackend
     raise AttributeError(name)

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
-from agents.scoring import PER_ROW_MIN_TOKENS
+from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.scoring import PER_ROW_MIN_TOKENS
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
 
 VLLM_INSTALL_HINT = (
     "VLLMBackend needs vLLM: `pip install 'seeupo-gym[vllm]'` on a CUDA machine "
@@ -49,7 +49,7 @@ def _import_vllm() -> Any:
 
 def model_folder(name_or_path: str, *, seed: int = 0) -> str:
     """A folder or hub id vLLM can load: "embedded" -> the converted folder, "tiny" -> saved once."""
-    from agents import models
+    from seeupo_gym.agents import models
 
     if name_or_path == "embedded":
         return str(models.convert_embedded())
@@ -151,7 +151,7 @@ class VLLMBackend:
         requests = []
         params = []
         for i, prompt in enumerate(prompts):
-            seed = None if sampling.seed is None else int(np.random.SeedSequence([sampling.seed, i]).generate_state(1)[0])
+            seed = None if sampling.seed is None else derive_seed(sampling.seed, i)
             params.append(
                 vllm.SamplingParams(
                     n=1,

@@ -1,25 +1,35 @@
-"""`seeupo-train --config FILE [dotted.key=value ...]`: train with one of the four algorithms or a plug-in.
+"""The command lines: `seeupo-train`, `seeupo-eval` and `seeupo-export`.
 
-Examples:
-    seeupo-train --config configs/tiny-cpu.yaml
-    seeupo-train --config configs/tiny-cpu.yaml algorithm.name=grpo train.steps=5
-    seeupo-train --config configs/bfcl-seeupo.yaml --plugin my_algo.py algorithm.name=my_algo
-    accelerate launch --num_processes 2 -m scripts.train --config configs/tiny-cpu.yaml
+    seeupo-train --config tiny-cpu                                   # a preset name or a YAML path
+    seeupo-train --config tiny-cpu algorithm.name=grpo train.steps=5
+    seeupo-train --config bfcl-seeupo --plugin my_algo.py algorithm.name=my_algo
+    accelerate launch --num_processes 2 -m seeupo_gym.algorithms.training.cli --config tiny-cpu
+
+    seeupo-eval --model embedded --env seeupo/TurnBandit-v0 --env-kwargs '{"variant": "easy"}' -k 4
+    seeupo-eval --checkpoint runs/demo/seeupo/seed-0/checkpoints/step-8 -k 4 -n 8 --out eval.json
+    seeupo-eval --config bfcl-seeupo --split test --max-tasks 50 -k 1
+
+    seeupo-export runs/x/checkpoints/step-10 out/merged             # a standalone HF folder
 
 Distribution (DDP, FSDP, DeepSpeed, mixed precision) comes from `accelerate config` /
-`accelerate launch` flags, not from this file.
+`accelerate launch` flags. seeupo-eval reports avg@k and the unbiased pass@k per category; its
+settings come from (later wins) the defaults, the checkpoint's config.yaml or --config, dotted
+overrides, then the flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
+from typing import Sequence
 
-from algorithms.config import ConfigError, load_config
+from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="seeupo-train",
         description="Train an LLM agent with PPO, GRPO, GSPO, SeeUPO or a plug-in algorithm.",
@@ -32,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def train_main(argv: list[str] | None = None) -> int:
+    args = parse_train_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
     if args.resume:
@@ -46,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
-        from algorithms.trainer import Trainer
+        from seeupo_gym.algorithms.training.trainer import Trainer
 
         trainer = Trainer(config)
     except ConfigError as error:
@@ -61,5 +71,148 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+
+def resolve_config(
+    config_path: str | None, checkpoint: str | None, overrides: Sequence[str]
+) -> Config:
+    """Defaults < checkpoint's config.yaml (or --config) < dotted overrides."""
+    if checkpoint is not None:
+        saved = Path(checkpoint) / "config.yaml"
+        if not Path(checkpoint).is_dir():
+            raise ConfigError(f"checkpoint {checkpoint!r} is not a folder (expected e.g. runs/x/checkpoints/step-10)")
+        if config_path is None and saved.is_file():
+            config_path = str(saved)
+    config = load_config(config_path, overrides)
+    # A checkpoint's config may carry resume_from; evaluation never resumes training.
+    config.resume_from = None
+    return config
+
+
+def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="seeupo-eval",
+        description="avg@k and unbiased pass@k of a model or checkpoint on an env's tasks, per category.",
+    )
+    source = parser.add_argument_group("what to evaluate")
+    source.add_argument("--checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
+    source.add_argument("--config", help="YAML trainer config for the model / env / sampling settings")
+    source.add_argument("--model", help="'embedded', 'tiny', a Hugging Face id or a local path (model.name_or_path)")
+    source.add_argument("--env", help="env id, e.g. seeupo/TurnBandit-v0 (env.id)")
+    source.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON merged into env.kwargs, e.g. '{\"split\": \"test\"}'")
+    source.add_argument("--split", help="the env's task split, e.g. test (sets env.kwargs.split; BFCL, AppWorld)")
+    source.add_argument("--tasks", help="comma-separated task ids (default: env.eval_tasks, else all of the env's tasks)")
+    source.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
+    metric = parser.add_argument_group("how")
+    metric.add_argument("-k", type=int, default=1, help="k of avg@k / pass@k (default 1)")
+    metric.add_argument("-n", type=int, help="rollouts per task, >= k (default k); n > k lowers the variance of pass@k")
+    metric.add_argument("--temperature", type=float, help="sampling temperature (default: sampling.temperature)")
+    metric.add_argument("--max-new-tokens", type=int, help="tokens per response (default: sampling.max_new_tokens)")
+    metric.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    metric.add_argument("--num-envs", type=int, help="envs stepped together (default: env.num_envs)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", help="write the result as JSON to this file")
+    output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
+    output.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
+    return parser.parse_args(argv)
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    args = parse_eval_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = resolve_config(args.config, args.checkpoint, args.overrides)
+        if args.model:
+            config.model.name_or_path = args.model
+        if args.env:
+            config.env.id = args.env
+        if args.env_kwargs is not None:
+            if not isinstance(args.env_kwargs, dict):
+                raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+            config.env.kwargs = {**config.env.kwargs, **args.env_kwargs}
+        if args.split:
+            config.env.kwargs = {**config.env.kwargs, "split": args.split}
+        config = config_from_dict(config.to_dict())  # re-check the values the flags set
+        if args.tasks:
+            tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        else:
+            from seeupo_gym.algorithms.training.tasks import env_task_ids
+
+            tasks = list(config.env.eval_tasks or env_task_ids(config.env.id, config.env.kwargs))
+        if args.max_tasks is not None:
+            if args.max_tasks < 1:
+                raise ConfigError(f"--max-tasks must be >= 1, got {args.max_tasks}")
+            tasks = tasks[: args.max_tasks]
+        n = args.n if args.n is not None else args.k
+        if args.k < 1 or n < args.k:
+            raise ConfigError(f"need 1 <= k <= n, got k={args.k}, n={n}")
+        from seeupo_gym.algorithms.training.checkpoint import load_policy
+
+        model, tokenizer = load_policy(config, args.checkpoint)
+    except ConfigError as error:
+        print(f"seeupo-eval: {error}", file=sys.stderr)
+        return 2
+    from seeupo_gym.agents.backends import HFBackend
+    from seeupo_gym.algorithms.training.evaluation import evaluate_policy
+
+    result = evaluate_policy(
+        HFBackend(model, tokenizer),
+        tokenizer,
+        config.env.id,
+        tasks,
+        k=args.k,
+        n=n,
+        temperature=config.sampling.temperature if args.temperature is None else args.temperature,
+        top_p=config.sampling.top_p,
+        max_new_tokens=args.max_new_tokens or config.sampling.max_new_tokens,
+        seed=args.seed,
+        num_envs=args.num_envs or config.env.num_envs,
+        max_context_tokens=config.env.max_context_tokens,
+        env_kwargs=config.env.kwargs,
+        progress=not args.no_progress,
+        keep_rollouts=bool(args.rollouts),
+    )
+    result.model = config.model.name_or_path
+    result.checkpoint = args.checkpoint
+    data = result.to_dict()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    if args.rollouts:
+        Path(args.rollouts).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.rollouts, "w") as f:
+            for record in result.rollouts:
+                f.write(json.dumps(record, default=str) + "\n")
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(f"{result.model}{' @ ' + args.checkpoint if args.checkpoint else ''} on {result.env_id} "
+              f"{result.env_kwargs}: {len(result.tasks)} tasks x {n} rollouts, T={result.temperature}, "
+              f"{result.wall_seconds:.1f} s")
+        print(result.table())
+    return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="seeupo-export",
+        description="Write a checkpoint's policy as a standalone Hugging Face folder (LoRA merged into its base).",
+    )
+    parser.add_argument("checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
+    parser.add_argument("out", help="the folder to write (config.json, safetensors, tokenizer)")
+    args = parser.parse_args(argv)
+    from seeupo_gym.algorithms.training.checkpoint import export_merged
+
+    try:
+        config = resolve_config(None, args.checkpoint, [])
+        out = export_merged(config, args.checkpoint, args.out)
+    except ConfigError as error:
+        print(f"seeupo-export: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(train_main())

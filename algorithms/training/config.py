@@ -1,7 +1,7 @@
 """Training configuration: YAML files and `key=value` overrides -> typed dataclasses.
 
 Every field is documented with its default; the defaults are the paper's (lr 1e-6, 32 tasks
-x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `configs/`
+x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `presets/`
 override them explicitly. A wrong key or value is rejected when the config is loaded, with
 the dotted key and what is allowed, never later in the middle of a run.
 
@@ -150,13 +150,30 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
+PRESETS_DIR = Path(__file__).with_name("presets")
+
+
+def presets() -> list[str]:
+    """Names of the presets that ship with the package (`--config <name>`)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A YAML file, or the preset of that name (`tiny-cpu`, `tiny-cpu.yaml`)."""
+    file = Path(path)
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / (file.name if file.suffix == ".yaml" else f"{file.name}.yaml")
+    if file.parent == Path(".") and preset.is_file():
+        return preset
+    raise ConfigError(f"config file {str(path)!r} does not exist and is not a preset; presets: {', '.join(presets())}")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Read a YAML file (or start from the defaults) and apply `dotted.key=value` overrides."""
+    """Read a YAML file or a preset (or start from the defaults) and apply `dotted.key=value` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+        file = resolve_config_path(path)
         try:
             loaded = yaml.safe_load(file.read_text())
         except yaml.YAMLError as error:

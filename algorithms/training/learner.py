@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from agents.scoring import pad_batch, response_logprobs
-from algorithms.base import TokenLogprobs
-from algorithms.rollout import TurnSample
+from seeupo_gym.agents.scoring import pad_batch, response_logprobs
+from seeupo_gym.algorithms.base import TokenLogprobs
+from seeupo_gym.algorithms.rollout import TurnSample
 
 
 class ValueModel(nn.Module):

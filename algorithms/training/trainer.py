@@ -1,14 +1,13 @@
-"""One trainer for every algorithm (DESIGN section 6).
+"""One trainer for every algorithm: rollout -> update -> eval -> log -> checkpoint.
 
-The loop is rollout -> update -> eval -> log -> checkpoint. The trainer owns the model (with
-an optional LoRA adapter), the reference policy, the optional value model, the optimizers,
-the generation backend and the vectorized agent; the algorithm is looked up by name and
-owns the whole update step. Nothing here knows which algorithm runs.
+The trainer owns the policy (model, optional LoRA, reference, optional value model, optimizers;
+see `policy.py`), the generation backend and the vectorized agent; the algorithm is looked up
+by name and owns the whole update step. Nothing here knows which algorithm runs.
 
 Distribution comes from accelerate's own configuration (`accelerate launch`): each process
-collects its share of the step's tasks, the trajectories are gathered so every process
-holds the whole batch, and the algorithm runs the same update everywhere while the learner
-splits the forward work (see `algorithms/learner.py`). Batch-level statistics such as batch
+collects its share of the step's tasks, the trajectories are gathered so every process holds
+the whole batch (`collection.py`), and the algorithm runs the same update everywhere while the
+learner splits the forward work (`learner.py`). Batch-level statistics such as batch
 normalization of advantages are therefore over the global batch, exactly as in one process.
 """
 
@@ -17,30 +16,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from algorithms.base import Algorithm, load_plugin, make_algorithm
-from algorithms.config import Config, ConfigError, config_from_dict, load_config, save_config
-from algorithms.rollout import RolloutBatch, Trajectory
+from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.algorithms.base import Algorithm, load_plugin, make_algorithm
+from seeupo_gym.algorithms.training import checkpoint as ckpt
+from seeupo_gym.algorithms.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
+from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config, save_config
+from seeupo_gym.algorithms.training.tasks import env_task_ids
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PREFIX = "step-"
-# VectorAgent's `info["end"]` for an episode an env exception ended (agents/vector.py).
-ENV_ERROR = "env_error"
+__all__ = ["ENV_ERROR", "RolloutError", "Trainer", "TrainerState", "build_algorithm"]
 
-
-class RolloutError(RuntimeError):
-    """Collecting a step's rollouts failed on some process, after the configured retries."""
+# Purposes mixed into derive_seed(seed, step, purpose): independent streams per step.
+_ROLLOUT, _UPDATE, _EVAL = 0, 1, 2
 
 
 @dataclasses.dataclass
@@ -79,32 +76,11 @@ def build_algorithm(config: Config) -> Algorithm:
         raise ConfigError(f"algorithm ({config.algorithm.name}): {error}") from error
 
 
-def env_task_ids(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
-    """The task ids an env offers (its `task_ids`), for configs that do not list them."""
-    import gymnasium as gym
-
-    import seeupo_gym  # noqa: F401  (registers the ids)
-
-    try:
-        env = gym.make(env_id, **env_kwargs)
-    except Exception as error:
-        raise ConfigError(f"env.id {env_id!r} with env.kwargs {env_kwargs}: cannot make the env: {error}") from error
-    try:
-        ids = getattr(env.unwrapped, "task_ids", None)
-        if callable(ids):
-            ids = ids()
-    finally:
-        env.close()
-    if not ids:
-        raise ConfigError(f"env {env_id!r} does not list its tasks (no `task_ids`); set env.train_tasks")
-    return [str(task) for task in ids]
-
-
 class Trainer:
     """Train a policy on an env with a registered algorithm.
 
-    >>> Trainer("configs/tiny-cpu.yaml").train()                     # doctest: +SKIP
-    >>> Trainer(load_config("configs/tiny-cpu.yaml", ["algorithm.name=grpo"])).train()  # doctest: +SKIP
+    >>> Trainer("tiny-cpu").train()                                    # doctest: +SKIP
+    >>> Trainer(load_config("tiny-cpu", ["algorithm.name=grpo"])).train()  # doctest: +SKIP
     """
 
     def __init__(self, config: Config | dict[str, Any] | str | Path, *, accelerator: Any = None) -> None:
@@ -112,6 +88,8 @@ class Trainer:
         from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration, set_seed
 
         import seeupo_gym  # noqa: F401  (registers the env ids; cheap)
+
+        from seeupo_gym.algorithms.training.policy import build_policy
 
         self.config = config = _as_config(config)
         self.algorithm = build_algorithm(config)
@@ -147,7 +125,8 @@ class Trainer:
         else:
             self.eval_tasks = list(self.train_tasks)
 
-        self._build_models()
+        policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
+        self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
         self.state = TrainerState(step=0, config=config.to_dict())
         accelerator.register_for_checkpointing(self.state)
         if config.log.trackers:
@@ -155,7 +134,6 @@ class Trainer:
 
         self.backend = self._make_backend()
         self.agent = self._make_agent(env.kwargs)
-        self._eval_agent: Any = None
         self.last_env_errors = 0
         self.metrics_path = self.output_dir / "metrics.jsonl"
         if config.resume_from is not None:
@@ -163,82 +141,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction
 
-    def _build_models(self) -> None:
-        from agents.models import load_model
-
-        from algorithms.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
-
-        cfg, acc = self.config, self.accelerator
-        lora = dataclasses.asdict(cfg.model.lora) if cfg.model.lora is not None else None
-        model, self.tokenizer = load_model(
-            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
-        )
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if lora is not None:
-                model.enable_input_require_grads()
-        # Ratios must be exact, so no dropout in any pass: eval mode throughout, except that
-        # transformers only checkpoints activations in train mode (then keep dropout at 0).
-        model.train(cfg.model.gradient_checkpointing)
-        reference = None if lora is not None else frozen_copy(model)
-        optimizer = self._optimizer(model, cfg.optim.lr)
-
-        value_model = value_optimizer = None
-        if self.algorithm.needs_value_model:
-            critic_lm, _ = load_model(
-                cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
-            )
-            value_model = ValueModel(lm_backbone(critic_lm), critic_lm.config.hidden_size).to(acc.device)
-            value_model.eval()
-            value_optimizer = self._optimizer(value_model, cfg.optim.value_lr)
-            model, optimizer, value_model, value_optimizer = acc.prepare(model, optimizer, value_model, value_optimizer)
-        else:
-            model, optimizer = acc.prepare(model, optimizer)
-
-        self.model, self.optimizer = model, optimizer
-        self.value_model, self.value_optimizer = value_model, value_optimizer
-        self.learner = LLMLearner(
-            acc,
-            model,
-            optimizer,
-            pad_token_id=self.tokenizer.pad_token_id,
-            reference=reference,
-            value_model=value_model,
-            value_optimizer=value_optimizer,
-            max_grad_norm=cfg.optim.max_grad_norm,
-            forward_batch_size=cfg.model.forward_batch_size,
-        )
-
-    def _optimizer(self, module: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-        params = [p for p in module.parameters() if p.requires_grad]
-        if not params:
-            raise ConfigError("the model has no trainable parameters (check model.lora.target_modules)")
-        o = self.config.optim
-        return torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-
-    def _sampling(self, temperature: float) -> Any:
-        from agents.backends.base import SamplingParams
-
-        s = self.config.sampling
-        return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p)
-
     def _make_backend(self) -> Any:
-        from agents.backends.hf import HFBackend
+        from seeupo_gym.agents.backends.hf import HFBackend
 
         # The HF backend generates with the very module being trained: syncing is a no-op.
         return HFBackend(self.accelerator.unwrap_model(self.model), self.tokenizer)
 
     def _make_agent(self, env_kwargs: dict[str, Any]) -> Any:
-        from agents.vector import VectorAgent
+        from seeupo_gym.agents.backends.base import SamplingParams
+        from seeupo_gym.agents.vector import VectorAgent
 
-        env = self.config.env
+        env, s = self.config.env, self.config.sampling
         try:
             return VectorAgent(
                 env.id,
                 self.backend,
                 self.tokenizer,
                 num_envs=env.num_envs,
-                sampling=self._sampling(self.config.sampling.temperature),
+                sampling=SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p),
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=dict(env_kwargs),
                 vectorization=env.vectorization,
@@ -248,8 +168,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self) -> list[dict[str, float]]:
-        """Run to `train.steps`; returns this run's metric records (train and eval)."""
+    def train(self, on_step: Callable[["Trainer", dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+        """Run to `train.steps`; returns this run's metric records (train and eval).
+
+        on_step(trainer, record) runs after every step's own eval and checkpoint (e.g. to evaluate
+        a comparison's way); an exception there ends the run like any other, after a checkpoint.
+        """
         cfg = self.config.train
         records: list[dict[str, float]] = []
         bar = tqdm(
@@ -271,8 +195,10 @@ class Trainer:
                 if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                     self.save_checkpoint()
                     saved_at = step
-        except RolloutError:
-            # Keep the steps done so far: the run resumes from here once the env is fixed.
+                if on_step is not None:
+                    on_step(self, record)
+        except Exception:
+            # Keep the steps done so far: the run resumes from here once the cause is fixed.
             if self.state.step > 0 and saved_at != self.state.step:
                 self.save_checkpoint()
             raise
@@ -285,9 +211,18 @@ class Trainer:
         cfg = self.config.train
         step = self.state.step + 1
         started = time.perf_counter()
-        tasks = self.tasks_for_step(step)
-        batch = self.collect(tasks, cfg.group_size, seed=_mix(cfg.seed, step), what=f"step {step}")
-        collected = time.perf_counter()
+        try:
+            collected = collect(
+                self.accelerator, self.agent, self.tasks_for_step(step), cfg.group_size,
+                seed=derive_seed(cfg.seed, step, _ROLLOUT), retries=cfg.rollout_retries, what=f"step {step}",
+            )
+        except RolloutError as error:
+            raise RolloutError(
+                f"{error} (env {self.config.env.id}). The last checkpoint under {self.checkpoint_root} is intact; "
+                f"fix the env and resume with resume_from=latest."
+            ) from error
+        batch, self.last_env_errors = collected.batch, collected.env_errors
+        collected_at = time.perf_counter()
 
         record: dict[str, float] = {"step": float(step), **rollout_metrics(batch, prefix="rollout")}
         record["rollout/env_errors"] = float(self.last_env_errors)
@@ -295,12 +230,12 @@ class Trainer:
             logger.warning("step %d: no trajectories were collected; skipping the update", step)
             record["update/skipped_empty_batch"] = 1.0
         else:
-            generator = torch.Generator().manual_seed(_mix(cfg.seed, step, 1))
+            generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
             metrics = self.algorithm.update(batch, self.learner, generator)
             record.update({f"update/{k}": float(v) for k, v in metrics.items()})
             self.sync_weights()
-        record["time/rollout_s"] = collected - started
-        record["time/update_s"] = time.perf_counter() - collected
+        record["time/rollout_s"] = collected_at - started
+        record["time/update_s"] = time.perf_counter() - collected_at
         self.state.step = step
         self.log(record)
         return record
@@ -308,20 +243,50 @@ class Trainer:
     def sync_weights(self) -> None:
         self.backend.update_weights(self.accelerator.unwrap_model(self.model))
 
-    def evaluate(self) -> dict[str, float]:
-        """One rollout per eval task at `train.eval_temperature`; logged under eval/."""
-        cfg, env = self.config.train, self.config.env
-        if env.eval_kwargs is not None and self._eval_agent is None:
-            self._eval_agent = self._make_agent({**env.kwargs, **env.eval_kwargs})
-        agent = self._eval_agent or self.agent
-        train_sampling = agent.sampling
-        agent.sampling = dataclasses.replace(train_sampling, temperature=cfg.eval_temperature)
-        try:
-            tasks = self.eval_tasks[: cfg.eval_tasks_per_eval]
-            batch = self.collect(tasks, 1, seed=_mix(cfg.seed, self.state.step, 2), what="eval", agent=agent)
-        finally:
-            agent.sampling = train_sampling
-        record = {"step": float(self.state.step), **rollout_metrics(batch, prefix="eval")}
+    def evaluate(
+        self,
+        tasks: Sequence[str] | None = None,
+        *,
+        k: int = 1,
+        n: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        progress: bool = False,
+    ) -> dict[str, float]:
+        """avg@k / pass@k with the current weights (`evaluation.evaluate_policy`), logged under eval/.
+
+        Defaults: the config's eval tasks (`train.eval_tasks_per_eval` of them), one rollout each at
+        `train.eval_temperature`, in the eval env (`env.eval_kwargs`). Runs on the main process.
+        """
+        from accelerate.utils import broadcast_object_list
+
+        from seeupo_gym.algorithms.training.evaluation import eval_record, evaluate_policy
+
+        cfg, env, sampling = self.config.train, self.config.env, self.config.sampling
+        record: dict[str, float] | None = None
+        if self.is_main:
+            result = evaluate_policy(
+                self.backend,
+                self.tokenizer,
+                env.id,
+                list(tasks) if tasks is not None else self.eval_tasks[: cfg.eval_tasks_per_eval],
+                k=k,
+                n=n,
+                temperature=cfg.eval_temperature if temperature is None else temperature,
+                top_p=sampling.top_p,
+                max_new_tokens=sampling.max_new_tokens,
+                seed=derive_seed(cfg.seed, self.state.step, _EVAL) if seed is None else seed,
+                num_envs=env.num_envs,
+                max_context_tokens=env.max_context_tokens,
+                env_kwargs={**env.kwargs, **(env.eval_kwargs or {}), **(env_kwargs or {})},
+                progress=progress,
+                desc=f"eval step {self.state.step}",
+            )
+            record = eval_record(result, self.state.step)
+        if self.accelerator.num_processes > 1:
+            record = broadcast_object_list([record])[0]
+        assert record is not None
         self.log(record)
         return record
 
@@ -332,60 +297,6 @@ class Trainer:
         replace = count > len(self.train_tasks)
         picks = rng.choice(len(self.train_tasks), size=count, replace=replace)
         return [self.train_tasks[i] for i in picks]
-
-    def collect(
-        self, tasks: Sequence[str], group_size: int, *, seed: int, what: str, agent: Any = None
-    ) -> RolloutBatch:
-        """This process collects its contiguous share of `tasks`; returns the gathered batch."""
-        from accelerate.utils import gather_object
-
-        agent = agent or self.agent
-        acc = self.accelerator
-        world, rank = acc.num_processes, acc.process_index
-        share = math.ceil(len(tasks) / world)
-        mine = list(tasks[rank * share : (rank + 1) * share])
-        trajectories: list[Trajectory] = []
-        error: str | None = None
-        if mine:
-            for attempt in range(self.config.train.rollout_retries + 1):
-                try:
-                    trajectories = list(agent.collect(mine, group_size, seed=_mix(seed, rank)).trajectories)
-                    error = None
-                    break
-                except Exception as exc:  # an env or the agent failed; retried, then reported
-                    error = f"process {rank}: {type(exc).__name__}: {exc}"
-                    logger.warning("%s: rollout attempt %d failed on tasks %s: %s", what, attempt + 1, mine, error)
-        if world > 1:
-            errors = [e for e in gather_object([error]) if e]
-            gathered = gather_object(trajectories)
-        else:
-            errors = [error] if error else []
-            gathered = trajectories
-        if not errors:
-            failed = [t for t in gathered if t.info.get("end") == ENV_ERROR]
-            if failed:
-                logger.warning(
-                    "%s: %d of %d episodes hit an env error and are left out of the batch, e.g. task %s: %s",
-                    what, len(failed), len(gathered), failed[0].task_id, failed[0].info.get("error"),
-                )
-                if len(failed) == len(gathered):
-                    errors = [f"every episode hit an env error, e.g. task {failed[0].task_id}: {failed[0].info.get('error')}"]
-                gathered = [t for t in gathered if t.info.get("end") != ENV_ERROR]
-            self.last_env_errors = len(failed)
-        if errors:
-            raise RolloutError(
-                f"{what}: collecting rollouts on {self.config.env.id} failed after "
-                f"{self.config.train.rollout_retries + 1} attempt(s): {'; '.join(errors)}. "
-                f"The last checkpoint under {self.output_dir / 'checkpoints'} is intact; "
-                f"fix the env and resume with resume_from=latest."
-            )
-        if world > 1:
-            # rollout ids are unique per process; make them unique in the gathered batch.
-            per_rank = gather_object([len(trajectories)])
-            owners = [r for r, count in enumerate(per_rank) for _ in range(count)]
-            gathered = [dataclasses.replace(t, rollout_id=f"p{r}/{t.rollout_id}", group_id=f"p{r}/{t.group_id}")
-                        for r, t in zip(owners, gathered)]
-        return RolloutBatch(gathered)
 
     # ------------------------------------------------------------------ logging
 
@@ -404,42 +315,18 @@ class Trainer:
         return self.output_dir / "checkpoints"
 
     def save_checkpoint(self) -> Path:
-        """Weights / adapter, optimizers, RNG states (accelerate) + step and config (ours)."""
-        acc = self.accelerator
-        final = self.checkpoint_root / f"{CHECKPOINT_PREFIX}{self.state.step}"
-        partial = final.with_name(final.name + ".partial")
-        if self.is_main and partial.exists():
-            shutil.rmtree(partial)
-        acc.wait_for_everyone()
-        acc.save_state(str(partial))
-        acc.wait_for_everyone()  # every process's RNG file is in `partial` before it is renamed
-        if self.is_main:
-            unwrapped = acc.unwrap_model(self.model)
-            if hasattr(unwrapped, "peft_config"):
-                unwrapped.save_pretrained(partial / "adapter")
-            save_config(self.config, partial / "config.yaml")
-            if final.exists():
-                shutil.rmtree(final)
-            # Renamed only when complete: a run killed while saving leaves the previous one intact.
-            partial.rename(final)
-            for old in checkpoints(self.checkpoint_root)[: -self.config.train.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
-        acc.wait_for_everyone()
-        return final
+        """See `checkpoint.py`: resumable state plus a folder Hugging Face / peft / vLLM load."""
+        return ckpt.save_checkpoint(
+            self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step
+        )
 
     def resume(self, where: str) -> None:
         """Load a checkpoint folder, or the newest one under the run folder for "latest"."""
-        if where == "latest":
-            found = checkpoints(self.checkpoint_root)
-            if not found:
-                logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
-                return
-            path = found[-1]
-        else:
-            path = Path(where)
-            if not path.is_dir():
-                raise ConfigError(f"resume_from {where!r} is not a checkpoint folder")
-        self.accelerator.load_state(str(path))
+        path = ckpt.find_checkpoint(self.checkpoint_root, where)
+        if path is None:
+            logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
+            return
+        ckpt.load_checkpoint(self.accelerator, path)
         self.sync_weights()
         saved_algorithm = self.state.config.get("algorithm", {}).get("name")
         if saved_algorithm and saved_algorithm != self.algorithm.name:
@@ -452,9 +339,7 @@ class Trainer:
         logger.info("resumed from %s at step %d", path, self.state.step)
 
     def close(self) -> None:
-        for agent in (self.agent, self._eval_agent):
-            if agent is not None:
-                agent.close()
+        self.agent.close()
         if self.config.log.trackers:
             self.accelerator.end_training()
 
@@ -463,37 +348,6 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
-             and p.name[len(CHECKPOINT_PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
-
-
-def rollout_metrics(batch: RolloutBatch, prefix: str) -> dict[str, float]:
-    trajectories = batch.trajectories
-    n = len(trajectories)
-    if n == 0:
-        return {f"{prefix}/trajectories": 0.0}
-    turns = [t.num_turns for t in trajectories]
-    tokens = [turn.num_response_tokens for t in trajectories for turn in t.turns]
-    return {
-        f"{prefix}/trajectories": float(n),
-        f"{prefix}/reward_mean": float(np.mean([t.reward for t in trajectories])),
-        f"{prefix}/success_rate": float(np.mean([t.success for t in trajectories])),
-        f"{prefix}/truncated_rate": float(np.mean([t.truncated for t in trajectories])),
-        f"{prefix}/turns_mean": float(np.mean(turns)),
-        f"{prefix}/response_tokens_mean": float(np.mean(tokens)) if tokens else 0.0,
-    }
-
-
-def _mix(*values: int) -> int:
-    """A 31-bit seed from several integers (stable across runs and processes)."""
-    return int(np.random.SeedSequence(list(values)).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,10 +13,10 @@ run folder then holds:
     <label>/seed-<s>/   each run's own folder (config.yaml, metrics.jsonl, checkpoints/)
 
 Examples:
-    seeupo-compare --config configs/demo.yaml --algorithms seeupo,grpo --out runs/demo
-    seeupo-compare --config configs/tiny-cpu.yaml --algorithms seeupo,grpo,gspo,ppo --seeds 0,1 train.steps=4
+    seeupo-compare --config demo --algorithms seeupo,grpo --out runs/demo
+    seeupo-compare --config tiny-cpu --algorithms seeupo,grpo,gspo,ppo --seeds 0,1 train.steps=4
     # an ablation: a label=name pair runs `name` under `label`, --set gives it options
-    seeupo-compare --config configs/demo.yaml --algorithms seeupo,natural=seeupo --set natural.order=natural
+    seeupo-compare --config demo --algorithms seeupo,natural=seeupo --set natural.order=natural
     seeupo-compare --report-only runs/demo        # rebuild report.md / curves.png from the JSONL
 
 Runs are sequential in one process (use `seeupo-train` under `accelerate launch` to spread
@@ -44,7 +44,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from algorithms.config import Config, ConfigError, apply_override, config_from_dict
+from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.algorithms.training.config import Config, ConfigError, apply_override, config_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def algorithm_options(name: str, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     """The config's algorithm options that `name` accepts, then the run's own (--set) options."""
-    from algorithms.base import make_algorithm
+    from seeupo_gym.algorithms.base import make_algorithm
 
     try:
         accepted = {f.name for f in dataclasses.fields(make_algorithm(name).config_class)}
@@ -141,9 +142,9 @@ def build_plan(
     save_checkpoints: bool = False,
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
-    from algorithms.trainer import build_algorithm
+    from seeupo_gym.algorithms.training.trainer import build_algorithm
 
-    from algorithms.trainer import env_task_ids
+    from seeupo_gym.algorithms.training.tasks import env_task_ids
 
     options = options or {}
     unknown = sorted(set(options) - set(algorithms))
@@ -178,7 +179,7 @@ def build_plan(
                 raise ConfigError(f"run {label} (seed {seed}): {error}") from error
             runs.append(RunSpec(label, name, int(seed), config, output / label / f"seed-{seed}"))
 
-    eval_kwargs = {**base.env.kwargs, **eval_plan.env_kwargs}
+    eval_kwargs = {**base.env.kwargs, **(base.env.eval_kwargs or {}), **eval_plan.env_kwargs}
     tasks = eval_plan.tasks or (base.env.eval_tasks if not eval_plan.env_kwargs else None)
     tasks = list(tasks or env_task_ids(base.env.id, eval_kwargs))
     if eval_plan.max_tasks:
@@ -189,50 +190,19 @@ def build_plan(
 # --------------------------------------------------------------------------- running
 
 
-def _seed(*values: int) -> int:
-    from agents.vector import derive_seed
-
-    return derive_seed(*values) & 0x7FFFFFFF
-
-
 def evaluate_run(trainer: Any, plan: ComparePlan, run: RunSpec, progress: bool) -> dict[str, float]:
     """k rollouts per eval task with the trainer's current weights; logged to the run's JSONL."""
-    from scripts.evaluate import DEFAULT_CATEGORY, evaluate_policy
-
-    config, ev = run.config, plan.eval
-    step = trainer.state.step
-    result = evaluate_policy(
-        trainer.backend,
-        trainer.tokenizer,
-        config.env.id,
+    ev = plan.eval
+    return trainer.evaluate(
         plan.eval_tasks,
         k=ev.k,
         n=ev.n,
         temperature=ev.temperature,
-        top_p=config.sampling.top_p,
-        max_new_tokens=config.sampling.max_new_tokens,
         # The same eval draws for every algorithm at a given (seed, step): paired comparisons.
-        seed=_seed(run.seed, step, 7),
-        num_envs=config.env.num_envs,
-        max_context_tokens=config.env.max_context_tokens,
-        env_kwargs={**config.env.kwargs, **ev.env_kwargs},
+        seed=derive_seed(run.seed, trainer.state.step, 7),
+        env_kwargs=ev.env_kwargs,
         progress=progress,
-        desc=f"eval {run.label} step {step}",
     )
-    record = {
-        "step": float(step),
-        f"eval/avg@{ev.k}": result.avg_at_k,
-        f"eval/pass@{ev.k}": result.pass_at_k,
-        "eval/tasks": float(len(result.tasks)),
-        "eval/rollouts_per_task": float(result.n),
-        "time/eval_s": result.wall_seconds,
-    }
-    for category, row in result.summary.items():
-        if category not in ("overall", DEFAULT_CATEGORY):
-            record[f"eval/{category}/avg@{ev.k}"] = row[f"avg@{ev.k}"]
-            record[f"eval/{category}/pass@{ev.k}"] = row[f"pass@{ev.k}"]
-    trainer.log(record)
-    return record
 
 
 def eval_steps(steps: int, every: int, at_start: bool) -> list[int]:
@@ -249,7 +219,7 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> P
     """Train and evaluate every run, then write the report; returns the run folder."""
     from tqdm.auto import tqdm
 
-    from algorithms.trainer import Trainer
+    from seeupo_gym.algorithms.training.trainer import Trainer
 
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     first = plan.runs[0].config
@@ -773,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only:
             print(f"report: {write_report(args.report_only)}")
             return 0
-        from algorithms.base import load_plugin
+        from seeupo_gym.algorithms.base import load_plugin
 
         raw = load_raw(args.config, args.overrides)
         # Loaded before any run starts so that a broken plug-in fails the whole plan at once;

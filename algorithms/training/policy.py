@@ -1,0 +1,75 @@
+"""The trainable side of a run: model (+ LoRA), reference, optional value model, optimizers, learner."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from seeupo_gym.algorithms.training.config import Config, ConfigError
+from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+
+
+@dataclasses.dataclass
+class Policy:
+    model: Any  # accelerate-prepared
+    tokenizer: Any
+    optimizer: Any
+    value_model: Any
+    value_optimizer: Any
+    learner: LLMLearner
+
+
+def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -> Policy:
+    """Load the configured model, wrap it for accelerate, and build the learner over it."""
+    from seeupo_gym.agents.models import load_model
+
+    cfg, acc = config, accelerator
+    lora = dataclasses.asdict(cfg.model.lora) if cfg.model.lora is not None else None
+    model, tokenizer = load_model(
+        cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
+    )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            model.enable_input_require_grads()
+    # Ratios must be exact, so no dropout in any pass: eval mode throughout, except that
+    # transformers only checkpoints activations in train mode (then keep dropout at 0).
+    model.train(cfg.model.gradient_checkpointing)
+    # With LoRA the reference is the base with the adapter disabled: no copy.
+    reference = None if lora is not None else frozen_copy(model)
+    optimizer = _optimizer(config, model, cfg.optim.lr)
+
+    value_model = value_optimizer = None
+    if needs_value_model:
+        critic_lm, _ = load_model(
+            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
+        )
+        value_model = ValueModel(lm_backbone(critic_lm), critic_lm.config.hidden_size).to(acc.device)
+        value_model.eval()
+        value_optimizer = _optimizer(config, value_model, cfg.optim.value_lr)
+        model, optimizer, value_model, value_optimizer = acc.prepare(model, optimizer, value_model, value_optimizer)
+    else:
+        model, optimizer = acc.prepare(model, optimizer)
+
+    learner = LLMLearner(
+        acc,
+        model,
+        optimizer,
+        pad_token_id=tokenizer.pad_token_id,
+        reference=reference,
+        value_model=value_model,
+        value_optimizer=value_optimizer,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        forward_batch_size=cfg.model.forward_batch_size,
+    )
+    return Policy(model, tokenizer, optimizer, value_model, value_optimizer, learner)
+
+
+def _optimizer(config: Config, module: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("the model has no trainable parameters (check model.lora.target_modules)")
+    o = config.optim
+    return torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
