@@ -264,3 +264,15 @@ def test_an_optimum_outside_zero_one_is_a_clear_error(optimum):
 def test_reset_options_of_the_wrong_shape_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=match):
         TurnBanditEnv(num_tasks=2).reset(options=options)
+
+
+def test_a_module_prefixed_id_works_in_code_that_never_imports_seeupo_gym():
+    import subprocess
+    import sys
+
+    code = (
+        "import gymnasium as gym; env = gym.make('seeupo_gym:seeupo/TurnBandit-v0'); "
+        "obs, info = env.reset(seed=0); print(info['messages'][0]['role'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "system"
