@@ -50,6 +50,8 @@ def hostile_actions(canary: str) -> dict[str, object]:
         "walrus": "[cd(folder=(x := 'a'))]",
         "deep nesting": "[cd(folder=" + "[" * 5000 + "]" * 5000 + ")]",
         "huge int": "[cd(folder=" + "9" * 5000 + ")]",
+        "huge hex int": "[cd(folder=0x" + "f" * 4000 + ")]",
+        "21-digit int": "[cd(folder=" + "9" * 21 + ")]",
         "infinite float": "[cd(folder=1e999)]",
         "bytes literal": "[cd(folder=b'x')]",
         "too many calls": "[" + ", ".join(["pwd()"] * 100) + "]",

@@ -276,3 +276,18 @@ def test_a_module_prefixed_id_works_in_code_that_never_imports_seeupo_gym():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "system"
+
+
+def test_no_generated_response_makes_step_raise():
+    import random
+
+    pieces = ["A", "b", "(C)", "Option ", "<think>", "</think>", " ", "\n", "\x00", "é中😀", "red door", ".", "**"]
+    rng = random.Random(0)
+    env = TurnBanditEnv(variant="mixed", num_tasks=8, options=4)
+    env.reset(seed=0)
+    for _ in range(2_000):
+        action = "".join(rng.choice(pieces) for _ in range(rng.randrange(8))) if rng.random() < 0.95 else rng.choice([None, 3, b"A"])
+        observation, _, terminated, truncated, info = env.step(action)
+        assert env.observation_space.contains(observation) and isinstance(info["action_error"], str)
+        if terminated or truncated:
+            env.reset()
