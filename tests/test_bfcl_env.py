@@ -321,12 +321,10 @@ def test_step_after_the_end_or_before_reset_raises():
 
 def test_async_vector_env_runs_episodes_to_the_end():
     num_envs = 8
-    # UnicodeText has no shared-memory layout for arbitrary Unicode, so workers send observations by pipe.
-    envs = gym.make_vec(
+    envs = gym.make_vec(  # gymnasium's defaults: observations travel through shared memory
         "seeupo/BFCL-v4-v0",
         num_envs=num_envs,
         vectorization_mode="async",
-        vector_kwargs={"shared_memory": False},
         categories=["base", "miss_func"],
         split="train",
         max_turns=100,
