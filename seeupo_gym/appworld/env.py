@@ -1,19 +1,24 @@
-"""`seeupo/AppWorld-v0`: AppWorld as a sequence-level Gymnasium env (DESIGN section 2).
+"""`seeupo/AppWorld-v0`: AppWorld as a sequence-level Gymnasium env.
 
 Episode = one AppWorld task; one step = one model response. The response is "think, then
 act": `<think>...</think>` and one ```python code block (see `render_action`), which runs
-in the task's world on the env's own AppWorld server (`seeupo_gym.appworld.server`); the
-observation is what the code printed (or AppWorld's "Execution failed" traceback). The
-episode terminates when the agent calls `apis.supervisor.complete_task(...)`, and is
-truncated after `max_turns` responses; either way AppWorld's evaluator scores the world:
-reward = passed tests / total tests, `info["success"]` = all passed.
+in the task's world, in a fresh sandboxed process of the env's own AppWorld server
+(`seeupo_gym.appworld.server`, `sandbox`); the observation is what the code printed (or
+AppWorld's "Execution failed" traceback). The episode terminates when the agent calls
+`apis.supervisor.complete_task(...)`, and is truncated after `max_turns` responses; either
+way the episode's process is killed and AppWorld's evaluator, in a separate grader process,
+scores its final state: reward = passed tests / total tests, `info["success"]` = all passed.
 
 Bad responses (no code block, unclosed `<think>`, too long, binary, code that imports system
 modules or reaches for `eval`/`open`/dunders: see `guard`) run nothing: the observation says
-why and the response still counts as a turn. Code that fails gets AppWorld's own traceback. Code that outruns the time limit in a way
-AppWorld cannot stop (a long C loop) gets the server killed: the episode terminates with
-the reason in `info["termination_reason"]`, and the next reset gets a fresh server. So does
-a server that dies mid-episode.
+why and the response still counts as a turn (the guard is a friendly early error, not the
+security boundary: the sandbox is). Code that fails gets AppWorld's own traceback. Code that
+outruns the time limit in a way AppWorld cannot stop (a long C loop), or that kills its own
+process, ends the episode with reward 0 and the reason in `info["termination_reason"]`.
+
+`info` keys keep one type in every step (vector envs merge them per key): `tests` is always
+a dict (zeros until the episode is scored), `action_error` and `termination_reason` are
+strings ("" for none), `server_pid` an int (0 for none).
 
 This module imports nothing of `appworld`: the caller's clock never freezes.
 """
@@ -28,7 +33,9 @@ import gymnasium as gym
 
 from seeupo_gym.appworld.guard import refusal
 from seeupo_gym.appworld.paths import MINI_SPLIT, OFFICIAL_SPLITS, find_data_dir, read_split
+from seeupo_gym.appworld.sandbox import SandboxLimits
 from seeupo_gym.appworld.server import AppWorldServer, ServerDied, ServerError, ServerPool, ServerTimeout
+from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 
@@ -116,7 +123,12 @@ class AppWorldEnv(gym.Env[str, str]):
         max_action_chars: longer responses are refused (error observation).
         max_output_chars: longer execution outputs are cut, with a note.
         startup_timeout: seconds to wait for a server to come up.
-        recycle_after: episodes after which an env's server is restarted (worlds leak memory).
+        recycle_after: episodes after which an env's server is restarted.
+        sandbox: "bwrap" (default): model code runs in a bubblewrap sandbox (see
+            `seeupo_gym.appworld.sandbox`); a machine that cannot run it gets an error naming
+            what is missing. "none": no sandbox, model code runs as you and can reach your
+            files, network and the grader: unsafe for training, for debugging only.
+        limits: rlimits of each episode's process (`SandboxLimits`).
     """
 
     metadata = {"render_modes": []}
@@ -136,6 +148,8 @@ class AppWorldEnv(gym.Env[str, str]):
         max_output_chars: int = 20_000,
         startup_timeout: float = 180.0,
         recycle_after: int = 300,
+        sandbox: str = "bwrap",
+        limits: SandboxLimits | None = None,
     ) -> None:
         if split != MINI_SPLIT and split not in OFFICIAL_SPLITS:
             raise ValueError(f"split must be {MINI_SPLIT!r} or one of {list(OFFICIAL_SPLITS)}, got {split!r}")
@@ -158,7 +172,8 @@ class AppWorldEnv(gym.Env[str, str]):
             self._pool, self._owns_pool = server_pool, False
         else:
             self.data_dir = find_data_dir(split, data_dir)
-            self._pool = ServerPool(self.data_dir, python, startup_timeout=startup_timeout, recycle_after=recycle_after)
+            self._pool = ServerPool(self.data_dir, python, startup_timeout=startup_timeout, recycle_after=recycle_after,
+                                    sandbox=sandbox, limits=limits)
             self._owns_pool = True
         self.task_ids: tuple[str, ...] = tuple(read_split(self.data_dir, split))
         self.observation_space = UnicodeText(max(200_000, 4 * max_output_chars))
@@ -175,15 +190,15 @@ class AppWorldEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
+        task_id = task_id_option(options)
         if task_id is None:
             task_id = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
-        elif not (self.data_dir / "tasks" / str(task_id) / "specs.json").is_file():
+        elif not (self.data_dir / "tasks" / task_id / "specs.json").is_file():
             raise ValueError(f"unknown AppWorld task {task_id!r}: no {self.data_dir}/tasks/{task_id}/specs.json")
 
         self._done = True
-        task = self._open_world(str(task_id))
-        self._task_id = str(task_id)
+        task = self._open_world(task_id)
+        self._task_id = task_id
         self._completion_named = False
         self._turn = 0
         self._done = False
@@ -211,35 +226,30 @@ class AppWorldEnv(gym.Env[str, str]):
         self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
 
         reward, terminated, success = 0.0, False, False
-        tests: dict[str, Any] | None = None
-        termination_reason: str | None = None
+        tests = _no_tests()
+        termination_reason = ""
         if code is None:
             observation = f"Error: {error}. Nothing was run. Write one ```python code block after your </think>."
         else:
             try:
-                observation = self._clip(self._server.post(
-                    "/execute",
-                    {"task_id": self._task_id, "code": code},
-                    timeout=self.timeout_seconds + self.response_grace_s,
-                    idempotent=False,
+                observation = self._clip(self._server.execute(
+                    code, timeout=self.timeout_seconds + self.response_grace_s, max_chars=4 * self.max_output_chars
                 ))
                 # Saves a round trip per step: with the guard's rules (no dunders, literal getattr
                 # names) the task can only be completed by code that names `complete_task`.
                 self._completion_named = self._completion_named or "complete_task" in code
                 if self._completion_named:
-                    terminated = bool(self._server.post("/task_completed", {"task_id": self._task_id}, timeout=60.0))
-            except ServerError as failure:  # the world survives a failed request
-                error = f"the environment could not run this code ({failure})"
+                    terminated = self._server.task_completed(timeout=60.0)
+            except ServerError as failure:  # the episode's world reported an error and lives on
+                error = f"the environment could not run this code: {failure}"
                 observation = f"Error: {error}."
             except (ServerDied, ServerTimeout) as failure:
                 termination_reason = f"{type(failure).__name__}: {failure}"
                 error = termination_reason
-                observation = (
-                    f"Error: the environment server stopped while running your code ({failure}). The episode is over."
-                )
+                observation = f"Error: your code stopped the environment ({failure}). The episode is over."
                 terminated = True
         truncated = not terminated and self._turn >= self.max_turns
-        if (terminated or truncated) and termination_reason is None:
+        if (terminated or truncated) and not termination_reason:
             reward, success, tests, termination_reason = self._evaluate(terminated)
         self._done = terminated or truncated
         if not self._done:
@@ -250,7 +260,10 @@ class AppWorldEnv(gym.Env[str, str]):
     def close(self) -> None:
         self._done = True
         if self._server is not None:
-            self._pool.release(self._server)
+            try:
+                self._pool.release(self._server)
+            except (ServerDied, ServerTimeout, ServerError):
+                self._server.shutdown()
             self._server = None
         if self._owns_pool:
             self._pool.shutdown()
@@ -264,14 +277,7 @@ class AppWorldEnv(gym.Env[str, str]):
         return self._server
 
     def _open_world(self, task_id: str) -> dict[str, Any]:
-        """Open the task's world on a healthy server; a dead server is restarted once."""
-        payload = {
-            "task_id": task_id,
-            "timeout_seconds": self.timeout_seconds,
-            "max_interactions": self.max_turns + 1,
-            "raise_on_unsafe_syntax": True,
-            "null_patch_unsafe_execution": True,
-        }
+        """Open the task's world in a fresh episode process; a failed server is restarted once."""
         for attempt in range(2):
             if self._server is None:
                 self._server = self._pool.acquire()
@@ -279,24 +285,29 @@ class AppWorldEnv(gym.Env[str, str]):
                 self._pool.prepare(self._server)
             server = self._server
             try:
-                task = server.post("/initialize", {**payload, "experiment_name": server.experiment_name}, timeout=120.0)
+                task = server.open_episode(task_id, timeout_seconds=self.timeout_seconds,
+                                           max_interactions=self.max_turns + 1)
             except (ServerDied, ServerTimeout):
+                server.kill()  # replaced, never reused
                 if attempt == 1:
                     raise
                 continue
-            except ServerError as failure:  # AppWorld answers a broken task with a bare 500; its log says why
-                raise ServerError(f"opening task {task_id!r}: {failure}\nserver log:\n{server.log_tail()}") from failure
-            server.episodes += 1
+            except ServerError as failure:
+                server.close_episode(collect=False)
+                raise ServerError(f"AppWorld could not open task {task_id!r}: {failure}") from failure
             return task
         raise AssertionError("unreachable")
 
-    def _evaluate(self, completed: bool) -> tuple[float, bool, dict[str, Any] | None, str]:
+    def _evaluate(self, completed: bool) -> tuple[float, bool, dict[str, Any], str]:
+        """Score the episode's final state in the grader (the episode's process is killed first)."""
         reason = "completed" if completed else "max_turns"
-        assert self._server is not None
+        assert self._server is not None and self._task_id is not None
         try:
-            report = self._server.post("/evaluate", {"task_id": self._task_id, "suppress_errors": True}, timeout=120.0)
+            state = self._server.close_episode(collect=True)
+            report = self._server.grade(self._task_id, state or {}, timeout=120.0)
         except (ServerDied, ServerTimeout, ServerError) as failure:
-            return 0.0, False, None, f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"
+            self._server.kill()
+            return 0.0, False, _no_tests(), f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"
         passed = len(report["passes"])
         total = int(report["num_tests"])
         tests = {
@@ -318,15 +329,19 @@ class AppWorldEnv(gym.Env[str, str]):
         success: bool,
         action_error: str | None = None,
         tests: dict[str, Any] | None = None,
-        termination_reason: str | None = None,
+        termination_reason: str = "",
     ) -> dict[str, Any]:
         return {
             "task_id": self._task_id,
             "turn": self._turn,
             "messages": [dict(message) for message in self._messages],
             "success": success,
-            "action_error": action_error,
-            "tests": tests,
+            "action_error": action_error or "",
+            "tests": tests if tests is not None else _no_tests(),
             "termination_reason": termination_reason,
-            "server_pid": self._server.pid if self._server is not None else None,
+            "server_pid": (self._server.pid or 0) if self._server is not None else 0,
         }
+
+
+def _no_tests() -> dict[str, Any]:
+    return {"passed": 0, "total": 0, "failed_requirements": []}

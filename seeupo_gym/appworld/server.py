@@ -1,20 +1,19 @@
-"""AppWorld server processes and the pool that manages them.
+"""AppWorld servers: per env, a sandboxed cell worker and a sandboxed grader, and their pool.
 
 An open AppWorld freezes time for its whole process, allows one world per process and needs
-the main thread for its code timeout (FACTS.md), so worlds never run in the caller's
-process: each concurrent env talks over loopback HTTP to its own server, AppWorld's own
-`appworld.serve.environment` app run by the AppWorld interpreter on 127.0.0.1.
+the main thread for its code timeout, so worlds never run in the caller's process. And model
+code is an adversary (docs/appworld.md), so it runs only in an episode process that is
+- forked per episode from a warm parent that has imported AppWorld but run no model code,
+- inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
+  private scratch, only the current task's public files, rlimits, no inherited environment,
+- killed with everything it started when the episode ends (its final state is read out
+  first), so no variable, patch, thread or file reaches the next episode.
+The grader runs in a second sandbox where no model code ever runs; it has the ground truth
+and sees only the episode's final DB changes. The host talks to both over Unix sockets that
+only it and the worker hold; each request has a deadline.
 
-Server hazards handled here:
-- A failed request can leave uvicorn's keep-alive socket closed: the client is rebuilt after
-  every error.
-- AppWorld's code timeout cannot interrupt C loops and a busy server answers nothing else:
-  every request has a client-side deadline, after which the server is SIGKILLed (SIGTERM can
-  take minutes) and restarted.
-- Each server has a private root folder (its experiment outputs and `IPYTHONDIR`), with the
-  task data linked in read-only.
-- No orphans: the pool kills its servers at `shutdown()`, an atexit hook kills whatever is
-  still running, and a server exits by itself when its parent process dies (see `_serve.py`).
+A worker that fails a request (no answer in time, a broken reply, death) is killed and
+started afresh at the next reset; an episode process that fails ends its episode.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -33,28 +32,30 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import httpx
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+import psutil
 
 from seeupo_gym.appworld.paths import find_python
+from seeupo_gym.appworld.sandbox import APPWORLD_ROOT, Launcher, Mounts, SandboxLimits
+from seeupo_gym.appworld.worker import wire
 
 logger = logging.getLogger(__name__)
 
-_SERVE_SCRIPT = Path(__file__).with_name("_serve.py")
-_EXPERIMENT = "seeupo"
+DIR_PREFIX = "seeupo-appworld-"
+EXPERIMENT = "seeupo"
+_STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.(jsonl|json)")
 _LOG_TAIL_CHARS = 2000
 
 
 class ServerError(RuntimeError):
-    """The server answered a request with an error status."""
+    """A request failed inside a working server (e.g. the task's world could not be opened)."""
 
 
 class ServerDied(RuntimeError):
-    """The server process is gone (killed, crashed or never came up)."""
+    """A worker or the episode's process is gone (killed, crashed or never came up)."""
 
 
 class ServerTimeout(RuntimeError):
-    """The server gave no answer within the deadline; it has been killed."""
+    """No answer within the deadline; the process that owed it has been killed."""
 
 
 # Servers still running, killed at interpreter exit. Global because atexit is: contained here.
@@ -67,201 +68,94 @@ def _kill_live_servers() -> None:
         server.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class _Worker:
+    """One worker process (the cell parent or the grader) and the socket the host holds to it."""
 
-
-class AppWorldServer:
-    """One AppWorld environment server process bound to 127.0.0.1, and an HTTP client for it.
-
-    Args:
-        python: the AppWorld interpreter.
-        data_dir: the AppWorld `data` folder (linked read-only into the server's own root).
-        startup_timeout: seconds to wait for the server to answer after a start.
-    """
-
-    def __init__(self, python: Path, data_dir: Path, startup_timeout: float = 180.0) -> None:
-        self.python = Path(python)
-        self.data_dir = Path(data_dir)
-        self.startup_timeout = startup_timeout
-        self.episodes = 0  # worlds opened since the last (re)start
-        self.restarts = 0
-        self.experiment_name = _EXPERIMENT
-        self._owner_pid = os.getpid()
-        self._root = Path(tempfile.mkdtemp(prefix="seeupo-appworld-"))
-        (self._root / "data").symlink_to(self.data_dir, target_is_directory=True)
+    def __init__(self, script: str, launcher: Launcher, mounts: Mounts, root: Path) -> None:
+        self.script = script
+        self._launcher = launcher
+        self._mounts = mounts
+        self._root = root
         self._process: subprocess.Popen[bytes] | None = None
-        self._parent_pipe: int | None = None
-        self._client: httpx.Client | None = None
-        self.port = 0
-        _LIVE.add(self)
+        self._socket: socket.socket | None = None
+        self.ready = False
 
-    # ------------------------------------------------------------------ process
+    @property
+    def log_path(self) -> Path:
+        return self._root / f"{self.script}.log"
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> None:
-        """Spawn the process without waiting for it to come up (see `wait_ready`)."""
-        if self.alive:
-            return
-        self._close_pipe()
-        self.port = _free_port()
-        env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
-        env.update(APPWORLD_ROOT=str(self._root), IPYTHONDIR=str(self._root / ".ipython"))
-        read_end, self._parent_pipe = os.pipe()
-        with open(self._root / "server.log", "wb") as log:
-            self._process = subprocess.Popen(
-                [str(self.python), "-P", str(_SERVE_SCRIPT), str(self.port), str(read_end)],
-                cwd=self._root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(read_end,),
-                start_new_session=True,  # a Ctrl-C meant for the caller does not hit a request mid-way
-            )
-        os.close(read_end)
-        self.episodes = 0
-
-    def wait_ready(self) -> None:
-        """Block until the server answers; raise ServerDied if it exits or never answers."""
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if not self.alive:
-                raise ServerDied(f"the AppWorld server exited during start-up:\n{self.log_tail()}")
-            try:
-                answer = httpx.get(self.url + "/", timeout=2.0)
-                if answer.status_code == 200 and "AppWorld" in answer.text:  # ours, not a port squatter
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
         self.kill()
-        raise ServerDied(f"the AppWorld server did not answer within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with open(self.log_path, "ab") as log:
+                self._process = self._launcher.spawn(self.script, worker_end.fileno(), self._mounts, self._root, log)
+        except BaseException:
+            host_end.close()
+            raise
+        finally:
+            worker_end.close()
+        self._socket = host_end
+        self.ready = False
 
-    def ensure_running(self) -> None:
-        """Start the server if it is not running (e.g. after a crash or a kill) and wait for it."""
-        if self.alive:
-            self.wait_ready()
+    def wait_ready(self, timeout: float) -> None:
+        if self.ready:
             return
-        if self._process is not None:
-            self.restarts += 1
-        self._boot()
+        reply = self._exchange(None, timeout, what="start-up")
+        if not (isinstance(reply, dict) and reply.get("ready")):
+            self.kill()
+            raise ServerDied(f"the AppWorld {self.script} worker sent {reply!r} instead of ready")
+        self.ready = True
 
-    def restart(self) -> None:
-        self.kill()
-        self.restarts += 1
-        self._boot()
+    def request(self, message: dict[str, Any], timeout: float, fd: int | None = None) -> Any:
+        reply = self._exchange(message, timeout, what=message.get("op", "request"), fd=fd)
+        if not isinstance(reply, dict) or "ok" not in reply:
+            self.kill()
+            raise ServerDied(f"the AppWorld {self.script} worker sent a malformed reply; killed it")
+        if not reply["ok"]:
+            raise ServerError(str(reply.get("error")))
+        return reply.get("output")
 
-    def _boot(self, attempts: int = 3) -> None:
-        # The free port is chosen before the server binds it; if another process takes it
-        # in between, try another.
-        for attempt in range(attempts):
-            self.start()
-            try:
-                self.wait_ready()
-                return
-            except ServerDied:
-                if attempt == attempts - 1 or "address already in use" not in self.log_tail().lower():
-                    raise
+    def _exchange(self, message: dict[str, Any] | None, timeout: float, what: str, fd: int | None = None) -> Any:
+        if self._socket is None or not self.alive:
+            raise ServerDied(self._death_message())
+        try:
+            self._socket.settimeout(timeout)
+            if message is not None:
+                wire.send(self._socket, message, fd=fd)
+            reply, _ = wire.receive(self._socket)
+            return reply
+        except TimeoutError as error:
+            self.kill()
+            raise ServerTimeout(
+                f"the AppWorld {self.script} worker gave no answer to {what} within {timeout:.1f} s; killed it"
+            ) from error
+        except (wire.WireError, OSError) as error:
+            if self._exits_within(2.0):
+                raise ServerDied(self._death_message()) from error
+            self.kill()
+            raise ServerDied(f"the AppWorld {self.script} worker broke the connection ({error}); killed it") from error
 
     def kill(self) -> None:
-        """SIGKILL the server (SIGTERM can take minutes; all state is on disk after each execute)."""
-        self._drop_client()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
         process = self._process
         if process is not None and process.poll() is None:
             try:
-                os.killpg(process.pid, signal.SIGKILL)  # its own session: takes any child with it
+                os.killpg(process.pid, 9)  # its own session; the sandbox's PID namespace dies with it
             except ProcessLookupError:
                 pass
             process.wait()
-        self._close_pipe()
-
-    def shutdown(self) -> None:
-        """Kill the server and delete its root folder. Only the process that started it does this."""
-        if os.getpid() != self._owner_pid:
-            return
-        self.kill()
-        shutil.rmtree(self._root, ignore_errors=True)
-        _LIVE.discard(self)
-
-    def log_tail(self) -> str:
-        try:
-            text = (self._root / "server.log").read_text(errors="replace")
-        except OSError:
-            return "(no server log)"
-        return text[-_LOG_TAIL_CHARS:]
-
-    def _close_pipe(self) -> None:
-        if self._parent_pipe is not None:
-            os.close(self._parent_pipe)
-            self._parent_pipe = None
-
-    # ------------------------------------------------------------------ HTTP
-
-    def post(self, path: str, payload: dict[str, Any], timeout: float, *, idempotent: bool = True) -> Any:
-        """POST to the server and return the response's "output".
-
-        Retries (tenacity, bounded) when the request surely did not run: a refused connection,
-        or for idempotent calls a dropped keep-alive socket. A request that gets no answer
-        within `timeout` seconds kills the server (ServerTimeout): it is stuck, e.g. in a C loop
-        AppWorld's own timeout cannot interrupt.
-        """
-        retry_on: tuple[type[Exception], ...] = (httpx.ConnectError,)
-        if idempotent:
-            retry_on += (httpx.RemoteProtocolError, httpx.ReadError)
-
-        @retry(
-            retry=retry_if_exception_type(retry_on),
-            stop=stop_after_attempt(3),
-            wait=wait_exponential(multiplier=0.1, max=1.0),
-            reraise=True,
-        )
-        def send() -> httpx.Response:
-            if not self.alive:
-                raise ServerDied(self._death_message())
-            try:
-                return self._http().post(path, json=payload, timeout=timeout)
-            except httpx.TransportError:
-                self._drop_client()
-                raise
-
-        try:
-            response = send()
-        except httpx.TimeoutException as error:
-            self.kill()
-            raise ServerTimeout(f"the AppWorld server gave no answer to {path} within {timeout:.1f} s; killed it") from error
-        except httpx.TransportError as error:
-            if self._exits_within(2.0):  # a dying server drops the connection before it is reaped
-                raise ServerDied(self._death_message()) from error
-            self.kill()  # alive but not answering: its state is unknown
-            raise ServerDied(f"the AppWorld server at {self.url} stopped answering ({error!r}); killed it") from error
-        if response.status_code != 200:
-            self._drop_client()  # uvicorn closes the socket after a 5xx
-            raise ServerError(f"{path} failed with HTTP {response.status_code}: {response.text[:500]}")
-        return response.json()["output"]
-
-    def _http(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(base_url=self.url)
-        return self._client
-
-    def _drop_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.ready = False
 
     def _exits_within(self, seconds: float) -> bool:
         if self._process is None:
@@ -275,22 +169,266 @@ class AppWorldServer:
     def _death_message(self) -> str:
         code = self._process.poll() if self._process is not None else None
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-        return f"the AppWorld server (pid {self.pid}) is not running ({how})"
+        return f"the AppWorld {self.script} worker (pid {self.pid}) is not running ({how}); its log:\n{self.log_tail()}"
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+        except OSError:
+            return "(no log)"
+
+
+class AppWorldServer:
+    """One env's AppWorld processes: a sandboxed cell worker (a fresh process per episode)
+    and a sandboxed grader.
+
+    Args:
+        python: the AppWorld interpreter.
+        data_dir: the AppWorld `data` folder (the grader sees all of it; an episode sees only
+            its task's public files and the API docs).
+        startup_timeout: seconds to wait for the workers to come up.
+        sandbox: "bwrap" (default) or "none": run model code unsandboxed, as the caller's
+            user, with the caller's file system (unsafe for training; for debugging only).
+        limits: rlimits of each episode's process and the size of its scratch space.
+    """
+
+    def __init__(
+        self,
+        python: Path,
+        data_dir: Path,
+        startup_timeout: float = 180.0,
+        sandbox: str = "bwrap",
+        limits: SandboxLimits | None = None,
+    ) -> None:
+        self.python = Path(python)
+        self.data_dir = Path(data_dir).resolve()
+        self.startup_timeout = startup_timeout
+        self.limits = limits or SandboxLimits()
+        self.episodes = 0  # episodes opened since the last (re)start
+        self.restarts = 0
+        self.experiment_name = EXPERIMENT
+        launcher = Launcher(self.python, sandbox, scratch_mb=self.limits.scratch_mb)
+        self.sandbox = sandbox
+        sweep_stale_dirs()
+        self._owner_pid = os.getpid()
+        self.root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+        self.root.chmod(0o755)  # the sandboxes' nobody reads view/ and final/
+        (self.root / "owner").write_text(f"{os.getpid()} {psutil.Process().create_time()}\n")
+        self._view = self.root / "view"  # $APPWORLD_ROOT/data of the episode
+        self._final = self.root / "final"  # $APPWORLD_ROOT/experiments of the grader
+        (self._view / "tasks").mkdir(parents=True)
+        self._final.mkdir()
+        cell_binds = [(self._view, f"{APPWORLD_ROOT}/data")]
+        for shared in ("api_docs", "base_dbs"):  # public and the same for every task
+            if (self.data_dir / shared).is_dir():
+                (self._view / shared).mkdir()
+                cell_binds.append((self.data_dir / shared, f"{APPWORLD_ROOT}/data/{shared}"))
+        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root)
+        self._grader = _Worker(
+            "grader.py", launcher, Mounts([(self.data_dir, f"{APPWORLD_ROOT}/data")], experiments_from=self._final),
+            self.root,
+        )
+        self._episode: socket.socket | None = None
+        self._episode_task: str | None = None
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ processes
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the cell sandbox."""
+        return self._cells.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._cells.alive and self._grader.alive
+
+    def start(self) -> None:
+        """Spawn both workers without waiting for them (see `wait_ready`)."""
+        for worker in (self._cells, self._grader):
+            if not worker.alive:
+                worker.start()
+        self.episodes = 0
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        for worker in (self._cells, self._grader):
+            worker.wait_ready(max(0.1, deadline - time.monotonic()))
+
+    def ensure_running(self) -> None:
+        """Start whatever is not running (after a crash, a kill or a failed request) and wait for it."""
+        if not self.alive:
+            if self._cells.pid is not None:
+                self.restarts += 1
+            self.kill()
+            self.start()
+        self.wait_ready()
+
+    def restart(self) -> None:
+        self.kill()
+        self.restarts += 1
+        self.start()
+        self.wait_ready()
+
+    def kill(self) -> None:
+        self._drop_episode()
+        self._cells.kill()
+        self._grader.kill()
+
+    def shutdown(self) -> None:
+        """Kill the workers and delete the server's folder. Only the process that made it does this."""
+        if os.getpid() != self._owner_pid:
+            return
+        self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+        _LIVE.discard(self)
+
+    def log_tail(self) -> str:
+        return f"[cells]\n{self._cells.log_tail()}\n[grader]\n{self._grader.log_tail()}"
+
+    # ------------------------------------------------------------------ episodes
+
+    @property
+    def episode_active(self) -> bool:
+        return self._episode is not None
+
+    def open_episode(self, task_id: str, timeout_seconds: int, max_interactions: int, timeout: float = 120.0) -> dict:
+        """Fork a fresh episode process, open `task_id`'s world in it; returns the task's
+        instruction, supervisor and datetime."""
+        self.close_episode(collect=False)
+        self._show_task(task_id)
+        host_end, episode_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cpu_seconds = max_interactions * (timeout_seconds + 10)
+        try:
+            self._cells.request(
+                {"op": "begin", "limits": self.limits.rlimits(cpu_seconds)}, timeout=30.0, fd=episode_end.fileno()
+            )
+        except BaseException:
+            host_end.close()
+            raise
+        finally:
+            episode_end.close()
+        self._episode, self._episode_task = host_end, task_id
+        self.episodes += 1
+        request = {"op": "initialize", "task_id": task_id, "timeout_seconds": timeout_seconds,
+                   "max_interactions": max_interactions}
+        return self._episode_request(request, timeout)
+
+    def execute(self, code: str, timeout: float, max_chars: int = 1_000_000) -> str:
+        return str(self._episode_request({"op": "execute", "code": code, "max_chars": max_chars}, timeout))
+
+    def task_completed(self, timeout: float = 60.0) -> bool:
+        return bool(self._episode_request({"op": "task_completed"}, timeout))
+
+    def close_episode(self, collect: bool) -> dict[str, str] | None:
+        """End the episode: its process and everything it started are killed. With `collect`,
+        returns its final state (DB change files by name)."""
+        if self._episode is None:
+            return None
+        task_id = self._episode_task
+        self._drop_episode()
+        output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=60.0)
+        return output["state"] if collect else None
+
+    def grade(self, task_id: str, state: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
+        """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth."""
+        tasks = self._final / "outputs" / EXPERIMENT / "tasks"
+        shutil.rmtree(tasks, ignore_errors=True)
+        dbs = tasks / task_id / "dbs"
+        dbs.mkdir(parents=True)
+        for name, text in state.items():
+            if _STATE_FILE.fullmatch(name):
+                (dbs / name).write_text(text)
+        cpu_seconds = max(10, int(timeout))
+        return self._grader.request(
+            {"op": "evaluate", "task_id": task_id, "limits": self.limits.rlimits(cpu_seconds)}, timeout
+        )
+
+    def _episode_request(self, message: dict[str, Any], timeout: float) -> Any:
+        if self._episode is None:
+            raise ServerError("no episode is open")
+        try:
+            self._episode.settimeout(timeout)
+            wire.send(self._episode, message)
+            reply, _ = wire.receive(self._episode)
+        except TimeoutError as error:
+            self._end_failed_episode()
+            raise ServerTimeout(
+                f"the episode's process gave no answer to {message['op']} within {timeout:.1f} s; killed it"
+            ) from error
+        except (wire.WireError, OSError) as error:
+            ended = self._end_failed_episode()
+            raise ServerDied(f"the episode's process died ({ended or error})") from error
+        if not (isinstance(reply, dict) and "ok" in reply):
+            self._end_failed_episode()
+            raise ServerDied("the episode's process sent a malformed reply; killed it")
+        if not reply["ok"]:
+            raise ServerError(str(reply.get("error")))
+        return reply.get("output")
+
+    def _end_failed_episode(self) -> str:
+        """Kill a failed episode's process; how it had ended, if it had."""
+        task_id = self._episode_task
+        self._drop_episode()
+        try:
+            return self._cells.request({"op": "end", "task_id": task_id, "collect": False}, timeout=30.0)["ended"]
+        except (ServerDied, ServerTimeout, ServerError) as error:
+            return f"and the cell worker failed too: {error}"
+
+    def _drop_episode(self) -> None:
+        if self._episode is not None:
+            self._episode.close()
+        self._episode, self._episode_task = None, None
+
+    def _show_task(self, task_id: str) -> None:
+        """Put the task's public files, and nothing else of it, where the episode will look."""
+        tasks = self._view / "tasks"
+        shutil.rmtree(tasks)
+        source, target = self.data_dir / "tasks" / task_id, tasks / task_id
+        target.mkdir(parents=True)
+        shutil.copy2(source / "specs.json", target / "specs.json")
+        shutil.copytree(source / "dbs", target / "dbs", copy_function=_link_or_copy)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)  # read-only inside the sandbox either way
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def sweep_stale_dirs() -> list[Path]:
+    """Delete server folders whose owning process is gone (it was SIGKILLed: no clean-up ran)."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+        try:
+            pid_text, created_text = (path / "owner").read_text().split()
+            owner = psutil.Process(int(pid_text))
+            if abs(owner.create_time() - float(created_text)) < 1e-3:
+                continue  # still alive
+        except psutil.NoSuchProcess:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours, or being created right now
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class ServerPool:
     """AppWorld servers for one interpreter and data folder, handed out one per env.
 
-    `acquire` returns an idle server (restarted if it died, or recycled after
-    `recycle_after` episodes: each world leaks ~1.5 MB) or starts a new one; `release` gives
-    it back; `shutdown` kills them all. Sharing one pool among envs (or tests) reuses warm
-    servers; an env without a pool makes its own and shuts it down at `close()`.
+    `acquire` returns an idle server (restarted if a worker died, or recycled after
+    `recycle_after` episodes) or starts a new one; `release` gives it back; `shutdown` kills
+    them all. Sharing one pool among envs (or tests) reuses warm servers; an env without a
+    pool makes its own and shuts it down at `close()`.
 
     Args:
-        python: the AppWorld interpreter; None searches as `paths.find_python` does.
         data_dir: the AppWorld `data` folder the servers serve.
+        python: the AppWorld interpreter; None searches as `paths.find_python` does.
         startup_timeout: seconds to wait for a server to come up.
         recycle_after: episodes after which a server is restarted on its next acquire.
+        sandbox, limits: as for `AppWorldServer`.
     """
 
     def __init__(
@@ -299,11 +437,16 @@ class ServerPool:
         python: str | os.PathLike[str] | None = None,
         startup_timeout: float = 180.0,
         recycle_after: int = 300,
+        sandbox: str = "bwrap",
+        limits: SandboxLimits | None = None,
     ) -> None:
         self.python = find_python(python)
         self.data_dir = Path(data_dir).resolve()
         self.startup_timeout = startup_timeout
         self.recycle_after = recycle_after
+        self.sandbox = sandbox
+        self.limits = limits
+        Launcher(self.python, sandbox)  # fail here, with the reason, if this machine cannot sandbox
         self._idle: list[AppWorldServer] = []
         self._busy: list[AppWorldServer] = []
         self._lock = threading.Lock()
@@ -317,7 +460,7 @@ class ServerPool:
         with self._lock:
             server = self._idle.pop() if self._idle else None
         if server is None:
-            server = AppWorldServer(self.python, self.data_dir, self.startup_timeout)
+            server = AppWorldServer(self.python, self.data_dir, self.startup_timeout, self.sandbox, self.limits)
         try:
             self.prepare(server)
         except BaseException:
@@ -336,6 +479,7 @@ class ServerPool:
             server.ensure_running()
 
     def release(self, server: AppWorldServer) -> None:
+        server.close_episode(collect=False) if server.alive and server.episode_active else None
         with self._lock:
             if server in self._busy:
                 self._busy.remove(server)

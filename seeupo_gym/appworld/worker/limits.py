@@ -1,0 +1,103 @@
+"""Process hardening for the sandboxed workers: rlimits, parent-death signal, dumpability.
+
+All through the standard library (`resource`, `prctl` via ctypes): the sandbox itself
+(namespaces, read-only mounts, the unprivileged user) is bubblewrap's job, set up by the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import stat
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# name in the host's limits message -> (rlimit, multiplier to the rlimit's unit)
+RLIMITS = {
+    "memory_mb": (resource.RLIMIT_AS, 2**20),
+    "cpu_seconds": (resource.RLIMIT_CPU, 1),
+    "processes": (resource.RLIMIT_NPROC, 1),
+    "open_files": (resource.RLIMIT_NOFILE, 1),
+    "file_size_mb": (resource.RLIMIT_FSIZE, 2**20),
+}
+
+
+def apply(limits: dict) -> None:
+    """Set hard and soft rlimits; no core dumps and no POSIX message queues in any case."""
+    for name, value in limits.items():
+        if name in RLIMITS and value is not None:
+            which, unit = RLIMITS[name]
+            resource.setrlimit(which, (int(value) * unit, int(value) * unit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails (EFBIG) instead of killing
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent exits, whatever it is running at the time."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the prctl
+
+
+def make_undumpable() -> None:
+    """No ptrace attach and no /proc/<pid>/mem for processes of the same uid."""
+    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def in_own_pid_namespace() -> bool:
+    """True inside the bubblewrap sandbox: we are the child of its PID 1 and not root."""
+    return os.environ.get("SEEUPO_SANDBOXED") == "1" and os.getppid() == 1 and os.getuid() != 0
+
+
+def empty_folder(path: str) -> None:
+    """Delete everything under `path` (even folders a cell made unreadable), keep `path`."""
+    def force(function, name, _):
+        os.chmod(os.path.dirname(name), stat.S_IRWXU)
+        if os.path.isdir(name) and not os.path.islink(name):
+            os.chmod(name, stat.S_IRWXU)
+            shutil.rmtree(name, onerror=force)
+        else:
+            os.unlink(name)
+
+    for entry in os.listdir(path):
+        full = os.path.join(path, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            os.chmod(full, stat.S_IRWXU)
+            shutil.rmtree(full, onerror=force)
+        else:
+            os.unlink(full)
+
+
+def reset_scratch() -> None:
+    """Empty the scratch folder and remake the folders the environment variables point at."""
+    scratch = os.environ.get("SEEUPO_SCRATCH", "/scratch")
+    empty_folder(scratch)
+    for name in ("home", "tmp", "ipython", "cache", "experiments"):
+        os.makedirs(os.path.join(scratch, name), exist_ok=True)
+
+
+def warm_up_appworld() -> None:
+    """Import AppWorld and every app's modules, so a forked episode opens its world fast."""
+    import importlib
+
+    import appworld.environment  # noqa: F401
+    import appworld.evaluator  # noqa: F401
+    from appworld.apps import get_all_apps
+
+    for app in get_all_apps():
+        for part in ("", ".apis", ".models"):
+            try:
+                importlib.import_module(f"appworld.apps.{app}{part}")
+            except ModuleNotFoundError:
+                pass
+    import gc
+
+    gc.collect()
+    gc.freeze()  # keeps forked children from copying the parent's pages on every collection
