@@ -9,16 +9,10 @@ from pathlib import Path
 import pytest
 
 from seeupo_gym.algorithms.training.config import ConfigError
-from seeupo_gym.algorithms.training.compare import (
-    EvalPlan,
-    build_plan,
-    eval_steps,
-    final_rows,
-    main,
-    parse_algorithms,
-    read_records,
-    write_report,
-)
+from seeupo_gym.algorithms.training.compare.cli import main
+from seeupo_gym.algorithms.training.compare.plan import EvalPlan, build_plan, eval_steps, load_raw, parse_algorithms
+from seeupo_gym.algorithms.training.compare.report import write_report
+from seeupo_gym.algorithms.training.compare.stats import final_rows, read_records
 
 TINY = {
     "model": {"name_or_path": "tiny"},
@@ -61,9 +55,10 @@ def test_tiny_comparison_end_to_end_writes_report_curves_and_jsonl(tmp_path, cap
         # The run's own JSONL holds the same records.
         own = read_records(out / label / "seed-0" / "metrics.jsonl")
         assert len(own) == len(mine)
-        for r in mine:
-            if "eval/avg@2" in r:
-                assert r["eval/tasks"] == 2.0 and r["eval/rollouts_per_task"] == 2.0
+        evals = [r for r in mine if "eval/avg@2" in r]
+        assert [(r["eval/tasks"], r["eval/rollouts_per_task"]) for r in evals] == [(2.0, 2.0)] * 2
+        # No checkpoints unless --save-checkpoints.
+        assert not (out / label / "seed-0" / "checkpoints").exists()
     # Both runs start from the same weights: the step-0 evaluation is run once and shared.
     starts = [r for r in records if r["step"] == 0.0]
     assert starts[0]["eval/avg@2"] == starts[1]["eval/avg@2"] and starts[1]["eval/shared_with_earlier_run"] == 1.0
@@ -161,6 +156,36 @@ def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
     assert "boom/seed-0" in summary["failures"] and "boom in update" in summary["failures"]["boom/seed-0"]
     assert summary["algorithms"]["grpo"]["steps"] == 1
     assert "## Failed runs" in (out / "report.md").read_text()
+
+
+def test_a_run_failing_after_its_first_step_keeps_a_checkpoint_of_it(tmp_path):
+    plugin = tmp_path / "late_boom.py"
+    plugin.write_text(
+        "from seeupo_gym.algorithms.base import register_algorithm\n"
+        "from seeupo_gym.algorithms.grpo import GRPO\n"
+        "@register_algorithm('late_boom')\n"
+        "class LateBoom(GRPO):\n"
+        "    updates = 0\n"
+        "    def update(self, batch, learner, generator):\n"
+        "        LateBoom.updates += 1\n"
+        "        if LateBoom.updates == 2:\n"
+        "            raise RuntimeError('boom in the second update')\n"
+        "        return super().update(batch, learner, generator)\n"
+    )
+    out = tmp_path / "cmp"
+    code = main(["--config", str(write_config(tmp_path)), "--plugin", str(plugin), "--algorithms", "late_boom",
+                 "--eval-tasks", "1", "-k", "1", "--no-eval-at-start", "--out", str(out), "--no-progress",
+                 "train.steps=3"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "boom in the second update" in summary["failures"]["late_boom/seed-0"]
+    # The trainer's loop ran the steps, so its checkpoint-on-failure kept step 1.
+    assert [p.name for p in (out / "late_boom" / "seed-0" / "checkpoints").iterdir()] == ["step-1"]
+
+
+def test_the_shared_config_may_be_a_preset_name():
+    raw = load_raw("tiny-cpu", ["train.steps=3"])
+    assert raw["model"]["name_or_path"] == "tiny" and raw["train"]["steps"] == 3
 
 
 def test_plans_are_checked_before_any_run(tmp_path):

@@ -168,11 +168,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, on_step: Callable[["Trainer", dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    def train(
+        self, on_step: Callable[["Trainer", dict[str, float]], None] | None = None, *, save_at_end: bool = True
+    ) -> list[dict[str, float]]:
         """Run to `train.steps`; returns this run's metric records (train and eval).
 
         on_step(trainer, record) runs after every step's own eval and checkpoint (e.g. to evaluate
         a comparison's way); an exception there ends the run like any other, after a checkpoint.
+        save_at_end=False skips the final checkpoint (seeupo-compare keeps none unless asked);
+        a failure still saves one.
         """
         cfg = self.config.train
         records: list[dict[str, float]] = []
@@ -192,7 +196,7 @@ class Trainer:
                 step = self.state.step
                 if cfg.eval_every and step % cfg.eval_every == 0:
                     records.append(self.evaluate())
-                if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+                if (cfg.save_every and step % cfg.save_every == 0) or (save_at_end and step == cfg.steps):
                     self.save_checkpoint()
                     saved_at = step
                 if on_step is not None:

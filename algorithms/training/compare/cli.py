@@ -1,3 +1,117 @@
-from seeupo_gym.algorithms.training.compare import main
+"""`seeupo-compare`'s command line: parse, plan (checked before any run), run, report.
 
-__all__ = ["main"]
+    seeupo-compare --config demo --algorithms seeupo,grpo --out runs/demo
+    seeupo-compare --config tiny-cpu --algorithms seeupo,grpo,gspo,ppo --seeds 0,1 train.steps=4
+    # an ablation: a label=name pair runs `name` under `label`, --set gives it options
+    seeupo-compare --config demo --algorithms seeupo,natural=seeupo --set natural.order=natural
+    seeupo-compare --report-only runs/demo        # rebuild report.md / curves.png from the JSONL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+
+from seeupo_gym.algorithms.training.compare.plan import (
+    EvalPlan,
+    build_plan,
+    load_raw,
+    parse_algorithms,
+    parse_seeds,
+    parse_sets,
+)
+from seeupo_gym.algorithms.training.compare.report import write_report
+from seeupo_gym.algorithms.training.config import ConfigError, config_from_dict
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="seeupo-compare",
+        description="Train several algorithms on the same env, model, seeds and budget; write a report with curves.",
+    )
+    parser.add_argument("--config", help="a preset name (e.g. demo, tiny-cpu) or a YAML file; shared by every run")
+    parser.add_argument("--algorithms", default="seeupo,grpo",
+                        help="comma-separated registered names, or label=name pairs (default seeupo,grpo)")
+    parser.add_argument("--set", action="append", default=[], metavar="LABEL.key=value",
+                        help="an algorithm option for one label only, e.g. seeupo.order=natural (repeatable)")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds, the same for every algorithm (default 0)")
+    parser.add_argument("--out", help="run folder (default: log.output_dir of the config)")
+    parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--eval-every", type=int, default=EvalPlan.every, help="steps between evaluations (0: start and end only)")
+    group.add_argument("-k", "--eval-k", type=int, default=EvalPlan.k, help="k of avg@k / pass@k")
+    group.add_argument("-n", "--eval-n", type=int, help="rollouts per eval task (>= k; default k)")
+    group.add_argument("--eval-tasks", type=int, default=EvalPlan.max_tasks, help="number of eval tasks (0: all)")
+    group.add_argument("--eval-task-ids", help="comma-separated eval task ids (default: env.eval_tasks or the env's tasks)")
+    group.add_argument("--eval-temperature", type=float, default=EvalPlan.temperature)
+    group.add_argument("--eval-env-kwargs", type=json.loads, default={},
+                       help="JSON merged over env.kwargs for evaluation, e.g. '{\"split\": \"test\"}'")
+    group.add_argument("--no-eval-at-start", action="store_true", help="skip the evaluation before training")
+    parser.add_argument("--save-checkpoints", action="store_true", help="save each run's final checkpoint")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--report-only", metavar="FOLDER", help="rebuild report.md / curves.png of an existing run folder")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the shared config")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.report_only:
+            print(f"report: {write_report(args.report_only)}")
+            return 0
+        from seeupo_gym.algorithms.base import load_plugin
+
+        raw = load_raw(args.config, args.overrides)
+        # Loaded before any run starts so that a broken plug-in fails the whole plan at once;
+        # --plugin files join the config so that each run's config.yaml can be resumed.
+        raw["plugins"] = list(raw.get("plugins") or []) + list(args.plugin)
+        for plugin in raw["plugins"]:
+            try:
+                load_plugin(plugin)
+            except Exception as error:  # a user's file: say which one and why
+                raise ConfigError(f"plugin {plugin!r} failed to load: {type(error).__name__}: {error}") from error
+        if not isinstance(args.eval_env_kwargs, dict):
+            raise ConfigError(f"--eval-env-kwargs must be a JSON object, got {args.eval_env_kwargs!r}")
+        eval_plan = EvalPlan(
+            every=args.eval_every,
+            k=args.eval_k,
+            n=args.eval_n,
+            tasks=[t.strip() for t in args.eval_task_ids.split(",") if t.strip()] if args.eval_task_ids else None,
+            max_tasks=args.eval_tasks,
+            temperature=args.eval_temperature,
+            env_kwargs=dict(args.eval_env_kwargs),
+            at_start=not args.no_eval_at_start,
+        )
+        output = args.out or config_from_dict(raw).log.output_dir
+        plan = build_plan(
+            raw,
+            parse_algorithms(args.algorithms),
+            parse_seeds(args.seeds),
+            output,
+            eval_plan,
+            options=parse_sets(args.set),
+            save_checkpoints=args.save_checkpoints,
+        )
+    except ConfigError as error:
+        print(f"seeupo-compare: {error}", file=sys.stderr)
+        return 2
+    runs = ", ".join(f"{r.label}/seed-{r.seed}" for r in plan.runs)
+    print(f"seeupo-compare: {len(plan.runs)} run(s) ({runs}), {len(plan.eval_tasks)} eval tasks -> {plan.output_dir}",
+          file=sys.stderr)
+    command = "seeupo-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    from seeupo_gym.algorithms.training.compare.run import run_all
+
+    folder = run_all(plan, progress=not args.no_progress, command=command)
+    print(f"report: {folder / 'report.md'}")
+    print(f"curves: {folder / 'curves.png'}")
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

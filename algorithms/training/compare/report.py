@@ -1,0 +1,218 @@
+"""report.md and summary.json of a comparison folder, rebuilt from its run.json and the runs' JSONL.
+
+The report is prose around three tables (final results with the best per column in bold,
+eval scores by step, training reward by step) and links curves.png (`plots.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+from seeupo_gym.algorithms.training.compare.plots import plot_curves
+from seeupo_gym.algorithms.training.compare.stats import Row, collect_series, final_rows, read_records, window_width
+from seeupo_gym.algorithms.training.config import ConfigError
+
+# The comparison's own record: command, settings, eval tasks, runs, wall time, failures.
+RUN_INFO = "run.json"
+
+
+def combine_run_records(folder: Path, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run's records tagged with algorithm and seed, rebuilt from the runs' own JSONL
+    (the source of truth), so an interrupted comparison still gets a report of what it did."""
+    records: list[dict[str, Any]] = []
+    found = False
+    for run in info["runs"]:
+        path = Path(run["folder"])
+        if not path.is_absolute() and not path.exists():
+            path = folder / run["label"] / f"seed-{run['seed']}"
+        if (path / "metrics.jsonl").is_file():
+            found = True
+        records += [{"algorithm": run["label"], "seed": run["seed"], **r} for r in read_records(path / "metrics.jsonl")]
+    if not found:  # run folders moved away: fall back on the combined file
+        return read_records(folder / "metrics.jsonl")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def _fmt(value: float, sd: float | None = None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    text = f"{value:.{digits}f}"
+    if sd is not None and math.isfinite(sd) and sd > 0:
+        text += f" ± {sd:.{digits}f}"
+    return text
+
+
+def _best(values: Sequence[float], higher: bool) -> set[int]:
+    finite = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if len(finite) < 2 or len({v for _, v in finite}) == 1:
+        return set()
+    target = max(v for _, v in finite) if higher else min(v for _, v in finite)
+    return {i for i, v in finite if v == target}
+
+
+def final_table(rows: Sequence[Row], k: int) -> str:
+    """The final-results table, one row per algorithm, the best per column in bold."""
+    columns = [
+        # (title, value, sd, higher is better, digits)
+        ("train reward, first steps", lambda r: r.reward_first, lambda r: None, True, 3),
+        ("train reward, last steps", lambda r: r.reward_last, lambda r: None, True, 3),
+        (f"eval avg@{k}, start", lambda r: r.eval_first, lambda r: None, True, 3),
+        (f"eval avg@{k}, final", lambda r: r.eval_last, lambda r: r.eval_last_sd, True, 3),
+        (f"eval pass@{k}, final", lambda r: r.pass_last, lambda r: r.pass_last_sd, True, 3),
+        ("s / train step", lambda r: r.step_seconds, lambda r: None, False, 1),
+        ("of which update", lambda r: r.update_seconds, lambda r: None, False, 1),
+    ]
+    lines = ["| algorithm | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    best = [_best([c[1](r) for r in rows], c[3]) for c in columns]
+    for i, row in enumerate(rows):
+        cells = []
+        for j, (_, value, sd, _, digits) in enumerate(columns):
+            text = _fmt(value(row), sd(row), digits)
+            cells.append(f"**{text}**" if i in best[j] else text)
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def eval_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> str:
+    """avg@k / pass@k per eval step and algorithm (means over seeds)."""
+    avg = collect_series(records, f"eval/avg@{k}")
+    passed = collect_series(records, f"eval/pass@{k}")
+    steps = sorted({s for series in avg.values() for s in series.steps()})
+    if not steps:
+        return "(no evaluations)"
+    lines = ["| step | " + " | ".join(f"{label} avg@{k} / pass@{k}" for label in labels) + " |",
+             "|---" * (len(labels) + 1) + "|"]
+    for step in steps:
+        cells = []
+        for label in labels:
+            a, p = avg.get(label), passed.get(label)
+            if a is None or step not in a.points:
+                cells.append("")
+                continue
+            cells.append(f"{statistics.fmean(a.points[step]):.3f} / {statistics.fmean(p.points[step]):.3f}")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def train_table(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
+    """Training reward per step and algorithm (means over seeds)."""
+    reward = collect_series(records, "rollout/reward_mean")
+    steps = sorted({s for series in reward.values() for s in series.steps()})
+    if not steps:
+        return "(no training steps)"
+    lines = ["| step | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for step in steps:
+        cells = [f"{statistics.fmean(reward[l].points[step]):.3f}" if l in reward and step in reward[l].points else ""
+                 for l in labels]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(folder: str | Path) -> Path:
+    """report.md, curves.png and summary.json of a compare folder, from its run.json and JSONL."""
+    folder = Path(folder)
+    info_path = folder / RUN_INFO
+    if not info_path.is_file():
+        raise ConfigError(f"{str(folder)!r} is not a seeupo-compare folder (no {RUN_INFO})")
+    info = json.loads(info_path.read_text())
+    records = combine_run_records(folder, info)
+    labels = list(dict.fromkeys(run["label"] for run in info["runs"]))
+    seeds = sorted({run["seed"] for run in info["runs"]})
+    k = int(info["eval"]["k"])
+    config = info["config"]
+    rows = final_rows(records, labels, k)
+    env, train, sampling, model = config["env"], config["train"], config["sampling"], config["model"]
+    title = (f"{model['name_or_path']}{' + LoRA' if model.get('lora') else ''} on {env['id']} "
+             f"{_kwargs_text(env['kwargs'])}: {', '.join(labels)}")
+    plot_curves(records, labels, k, folder / "curves.png", title)
+
+    wall = info.get("wall_seconds")
+    failures = info.get("failures") or {}
+    incomplete = [f"{row.label} ({row.steps} of {train['steps']} steps)" for row in rows if row.steps < train["steps"]]
+    lines = [
+        f"# {', '.join(labels)} on {env['id']}",
+        "",
+        f"Model **{model['name_or_path']}**{' with LoRA ' + _kwargs_text(model['lora']) if model.get('lora') else ''}, "
+        f"env `{env['id']}` {_kwargs_text(env['kwargs'])}. "
+        f"Every run: {train['steps']} steps x {train['tasks_per_step']} tasks x {train['group_size']} rollouts, "
+        f"responses of at most {sampling['max_new_tokens']} tokens at temperature {sampling['temperature']}, "
+        f"lr {config['optim']['lr']:g}; seeds {', '.join(map(str, seeds))} (the same for every algorithm: same tasks "
+        "per step, same initial weights).",
+        f"Evaluation: {len(info['eval_tasks'])} tasks x {info['eval']['n']} rollouts at temperature "
+        f"{info['eval']['temperature']}{' with env kwargs ' + _kwargs_text(info['eval']['env_kwargs']) if info['eval']['env_kwargs'] else ''}, "
+        "before training and " + (f"every {info['eval']['every']} steps." if info["eval"]["every"] else "after the last step."),
+        "",
+        f"Started {info['started']} on {info['host']['cpus']} CPU(s), {info['host']['platform']}"
+        + (f"; total wall time **{wall / 60:.1f} min**." if wall else "."),
+        "",
+        "## Final results",
+        "",
+        *([f"**Interrupted before the end**: partial results; {', '.join(incomplete)}. The rows below are "
+           "what each run reached.", ""] if wall is None or incomplete else []),
+        final_table(rows, k),
+        "",
+        f"Means over seeds (± sd when there are several). *Train reward*: the mean reward of the step's "
+        f"rollouts, averaged over the first / last {_window_text(train['steps'])} of the run. *avg@{k}*: mean task score "
+        f"over {info['eval']['n']} sampled rollouts per eval task; *pass@{k}*: the unbiased chance that at least one "
+        f"of {k} rollouts succeeds. *s / train step*: wall time of rollout + update. Best per column in **bold**.",
+        "",
+        "![training reward and eval score versus step](curves.png)",
+        "",
+        "## Evaluation by step",
+        "",
+        eval_table(records, labels, k),
+        "",
+        "## Training reward by step",
+        "",
+        train_table(records, labels),
+        "",
+        "## What moved",
+        "",
+    ]
+    for row in rows:
+        lines.append(
+            f"- **{row.label}**: training reward {_fmt(row.reward_first)} -> {_fmt(row.reward_last)} "
+            f"({_signed(row.reward_last - row.reward_first)}), eval avg@{k} {_fmt(row.eval_first)} -> "
+            f"{_fmt(row.eval_last)} ({_signed(row.eval_last - row.eval_first)}) over {row.steps} steps."
+        )
+    if failures:
+        lines += ["", "## Failed runs", ""] + [f"- {name}: {error}" for name, error in failures.items()]
+    lines += [
+        "",
+        "## Files",
+        "",
+        "- `metrics.jsonl`: every training and eval record of every run, tagged `algorithm` and `seed`.",
+        "- `<algorithm>/seed-<s>/`: each run's config.yaml and metrics.jsonl (and checkpoints with --save-checkpoints).",
+        f"- `{RUN_INFO}`: the command, the resolved settings and the eval task ids.",
+        "",
+        f"Command: `{info.get('command') or 'seeupo-compare'}`",
+        "",
+    ]
+    (folder / "report.md").write_text("\n".join(lines))
+    summary = {"k": k, "wall_seconds": wall, "failures": failures,
+               "algorithms": {row.label: dataclasses.asdict(row) for row in rows}}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return folder / "report.md"
+
+
+def _kwargs_text(kwargs: Any) -> str:
+    if not kwargs:
+        return ""
+    if isinstance(kwargs, dict):
+        return "(" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+    return f"({kwargs})"
+
+
+def _window_text(steps: int) -> str:
+    width = window_width(steps)
+    return "step" if width == 1 else f"{width} steps"
+
+
+def _signed(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:+.3f}"

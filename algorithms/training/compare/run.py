@@ -1,0 +1,174 @@
+"""Running a comparison: each (algorithm, seed) run in turn through `Trainer.train(on_step=...)`.
+
+The trainer's own loop runs every step (so a failing run keeps a checkpoint of the steps it
+finished, as any training run does); this module only adds the comparison's evaluations
+(k rollouts per eval task at the planned steps), one progress bar over all runs, and the
+combined records. A run that fails is recorded as failed and the others still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.algorithms.training.compare.plan import ComparePlan, RunSpec, eval_steps
+from seeupo_gym.algorithms.training.compare.report import RUN_INFO, write_report
+from seeupo_gym.algorithms.training.compare.stats import read_records
+
+logger = logging.getLogger(__name__)
+
+# Purpose mixed into derive_seed(seed, step, purpose) for the comparison's eval draws.
+_COMPARE_EVAL = 7
+
+
+def evaluate_run(trainer: Any, plan: ComparePlan, run: RunSpec, progress: bool) -> dict[str, float]:
+    """k rollouts per eval task with the trainer's current weights; logged to the run's JSONL."""
+    ev = plan.eval
+    return trainer.evaluate(
+        plan.eval_tasks,
+        k=ev.k,
+        n=ev.n,
+        temperature=ev.temperature,
+        # The same eval draws for every algorithm at a given (seed, step): paired comparisons.
+        seed=derive_seed(run.seed, trainer.state.step, _COMPARE_EVAL),
+        env_kwargs=ev.env_kwargs,
+        progress=progress,
+    )
+
+
+def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> Path:
+    """Train and evaluate every run, then write the report; returns the run folder."""
+    from tqdm.auto import tqdm
+
+    plan.output_dir.mkdir(parents=True, exist_ok=True)
+    info = _run_info(plan, command)
+    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    combined = plan.output_dir / "metrics.jsonl"
+    combined.write_text("")
+
+    units = sum(_units(run, plan) for run in plan.runs)
+    started = time.perf_counter()
+    failures: dict[str, str] = {}
+    start_evals: dict[str, dict[str, float]] = {}
+    with tqdm(total=units, desc="compare", unit="step", disable=not progress, dynamic_ncols=True) as bar:
+        for run in plan.runs:
+            name = f"{run.label}/seed-{run.seed}"
+            done = [0]  # units of this run already on the bar
+            try:
+                _run_one(run, plan, bar, done, start_evals, progress)
+            except Exception as error:  # one broken run must not lose the others
+                logger.exception("run %s failed", name)
+                failures[name] = f"{type(error).__name__}: {error}"
+                bar.update(max(0, _units(run, plan) - done[0]))
+            finally:
+                gc.collect()
+            _append_run_records(combined, run)
+            tqdm.write(_run_line(run, plan, failures.get(name)), file=sys.stderr)
+
+    info["wall_seconds"] = time.perf_counter() - started
+    info["failures"] = failures
+    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_report(plan.output_dir)
+    return plan.output_dir
+
+
+def _run_one(
+    run: RunSpec, plan: ComparePlan, bar: Any, done: list[int], start_evals: dict[str, dict[str, float]], progress: bool
+) -> None:
+    from seeupo_gym.algorithms.training.trainer import Trainer
+
+    name = f"{run.label}/seed-{run.seed}"
+    points = set(eval_steps(run.config.train.steps, plan.eval.every, plan.eval.at_start))
+    run.config.log.progress_bars = False  # the compare bar stands for every run
+
+    def advance(text: str) -> None:
+        bar.update(1)
+        done[0] += 1
+        bar.set_postfix_str(text)
+
+    def on_step(trainer: Any, record: dict[str, float]) -> None:
+        step = trainer.state.step
+        advance(f"{name}: step {step} reward {record.get('rollout/reward_mean', float('nan')):.3f}")
+        if step in points:
+            evaluated = evaluate_run(trainer, plan, run, progress)
+            advance(f"{name}: step {step} eval avg@{plan.eval.k} {evaluated[f'eval/avg@{plan.eval.k}']:.3f}")
+
+    bar.set_postfix_str(f"{name}: loading model")
+    # A rerun into the same folder starts afresh rather than appending to old records.
+    (run.folder / "metrics.jsonl").unlink(missing_ok=True)
+    trainer = Trainer(run.config)
+    with trainer:
+        if 0 in points:
+            key = _start_key(run)
+            if key in start_evals:
+                # Same initial weights and eval draws as an earlier run: same rollouts.
+                trainer.log({**start_evals[key], "eval/shared_with_earlier_run": 1.0})
+                advance(f"{name}: eval step 0 (shared)")
+            else:
+                bar.set_postfix_str(f"{name}: eval step 0")
+                start_evals[key] = evaluate_run(trainer, plan, run, progress)
+                advance(f"{name}: eval step 0")
+        trainer.train(on_step=on_step, save_at_end=plan.save_checkpoints)
+    del trainer
+
+
+def _units(run: RunSpec, plan: ComparePlan) -> int:
+    """Progress-bar units of a run: its training steps plus its evaluations."""
+    return run.config.train.steps + len(eval_steps(run.config.train.steps, plan.eval.every, plan.eval.at_start))
+
+
+def _run_info(plan: ComparePlan, command: str) -> dict[str, Any]:
+    first = plan.runs[0].config
+    return {
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "eval": dataclasses.asdict(plan.eval),
+        "eval_tasks": plan.eval_tasks,
+        "runs": [{"label": r.label, "algorithm": r.algorithm, "seed": r.seed, "folder": str(r.folder)} for r in plan.runs],
+        "config": {**first.to_dict(), "algorithm": None},
+        "algorithms": {r.label: r.config.to_dict()["algorithm"] for r in plan.runs},
+    }
+
+
+def _start_key(run: RunSpec) -> str:
+    """Runs whose configs differ only in the algorithm start from the same weights (the policy is
+    built from model settings and train.seed alone), so their step-0 evaluations coincide."""
+    data = run.config.to_dict()
+    data.pop("algorithm")
+    data["log"] = {}
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def _append_run_records(combined: Path, run: RunSpec) -> None:
+    source = run.folder / "metrics.jsonl"
+    if not source.is_file():
+        return
+    with open(combined, "a") as out:
+        for line in source.read_text().splitlines():
+            if line.strip():
+                out.write(json.dumps({"algorithm": run.label, "seed": run.seed, **json.loads(line)}) + "\n")
+
+
+def _run_line(run: RunSpec, plan: ComparePlan, failure: str | None) -> str:
+    if failure:
+        return f"{run.label} seed {run.seed}: FAILED ({failure})"
+    records = read_records(run.folder / "metrics.jsonl")
+    rewards = [r["rollout/reward_mean"] for r in records if "rollout/reward_mean" in r]
+    evals = [r[f"eval/avg@{plan.eval.k}"] for r in records if f"eval/avg@{plan.eval.k}" in r]
+    parts = [f"{run.label} seed {run.seed}:"]
+    if rewards:
+        parts.append(f"train reward {rewards[0]:.3f} -> {rewards[-1]:.3f}")
+    if evals:
+        parts.append(f"eval avg@{plan.eval.k} {evals[0]:.3f} -> {evals[-1]:.3f}")
+    return " ".join(parts)

@@ -1,0 +1,130 @@
+"""The numbers of a comparison: metric series over steps and seeds, and the final-table rows.
+
+Records are the runs' JSONL lines tagged with `algorithm` (the label) and `seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file; [] when it does not exist."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Series:
+    """One metric of one algorithm: step -> values over seeds."""
+
+    points: dict[int, list[float]] = field(default_factory=dict)
+
+    def add(self, step: int, value: float) -> None:
+        self.points.setdefault(step, []).append(value)
+
+    def steps(self) -> list[int]:
+        return sorted(self.points)
+
+    def mean(self) -> list[float]:
+        return [statistics.fmean(self.points[s]) for s in self.steps()]
+
+    def low_high(self) -> tuple[list[float], list[float]]:
+        return [min(self.points[s]) for s in self.steps()], [max(self.points[s]) for s in self.steps()]
+
+
+def collect_series(records: Sequence[dict[str, Any]], key: str) -> dict[str, Series]:
+    """`key` per label, over steps and seeds; records without a finite value are skipped."""
+    series: dict[str, Series] = {}
+    for record in records:
+        if key in record and record[key] is not None and math.isfinite(record[key]):
+            series.setdefault(record["algorithm"], Series()).add(int(record["step"]), float(record[key]))
+    return series
+
+
+@dataclass
+class Row:
+    """The final-table numbers of one algorithm (means over seeds; sd when several seeds)."""
+
+    label: str
+    seeds: int
+    reward_first: float
+    reward_last: float
+    eval_first: float
+    eval_last: float
+    eval_last_sd: float
+    pass_last: float
+    pass_last_sd: float
+    step_seconds: float
+    update_seconds: float
+    steps: int
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample sd (0 for one value; nan for none)."""
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def window_width(steps: int) -> int:
+    """Steps averaged for "first" / "last" figures: a third of the run, at least 1, at most 3
+    (one step alone is noisy)."""
+    return max(1, min(3, steps // 3))
+
+
+def _window(values: Sequence[float], last: bool) -> float:
+    if not values:
+        return math.nan
+    width = window_width(len(values))
+    return statistics.fmean(values[-width:] if last else values[:width])
+
+
+def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> list[Row]:
+    """One row per label: first/last training reward, first/last eval, seconds per step."""
+    rows = []
+    for label in labels:
+        mine = [r for r in records if r.get("algorithm") == label]
+        by_seed: dict[int, list[dict[str, Any]]] = {}
+        for record in mine:
+            by_seed.setdefault(int(record["seed"]), []).append(record)
+        firsts, lasts, eval_firsts, eval_lasts, pass_lasts, step_s, update_s, steps = [], [], [], [], [], [], [], []
+        for seed_records in by_seed.values():
+            train = [r for r in seed_records if "rollout/reward_mean" in r]
+            evals = [r for r in seed_records if f"eval/avg@{k}" in r]
+            if train:
+                rewards = [r["rollout/reward_mean"] for r in train]
+                firsts.append(_window(rewards, last=False))
+                lasts.append(_window(rewards, last=True))
+                step_s += [r.get("time/rollout_s", 0.0) + r.get("time/update_s", 0.0) for r in train]
+                update_s += [r.get("time/update_s", 0.0) for r in train]
+                steps.append(len(train))
+            if evals:
+                eval_firsts.append(evals[0][f"eval/avg@{k}"])
+                eval_lasts.append(evals[-1][f"eval/avg@{k}"])
+                pass_lasts.append(evals[-1][f"eval/pass@{k}"])
+        eval_last, eval_sd = mean_sd(eval_lasts)
+        pass_last, pass_sd = mean_sd(pass_lasts)
+        rows.append(
+            Row(
+                label=label,
+                seeds=len(by_seed),
+                reward_first=mean_sd(firsts)[0],
+                reward_last=mean_sd(lasts)[0],
+                eval_first=mean_sd(eval_firsts)[0],
+                eval_last=eval_last,
+                eval_last_sd=eval_sd,
+                pass_last=pass_last,
+                pass_last_sd=pass_sd,
+                step_seconds=mean_sd(step_s)[0],
+                update_seconds=mean_sd(update_s)[0],
+                steps=max(steps, default=0),
+            )
+        )
+    return rows
