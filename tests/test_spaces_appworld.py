@@ -13,6 +13,7 @@ NON_ASCII = "héllo 中文 😀"
 LONG = "ü" * 5_000
 
 
+@pytest.mark.slow  # two sandboxed AppWorld servers start: 45 s on a busy machine
 def test_async_appworld_with_default_shared_memory_carries_non_ascii_and_long_text():
     envs = gym.make_vec("seeupo/AppWorld-v0", 2, vectorization_mode="async", split="mini")
     try:
