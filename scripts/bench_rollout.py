@@ -1,12 +1,20 @@
-"""Rollout throughput: N envs batched by VectorAgent versus the same N episodes one after another.
+"""Rollout cost: tokens fed to the model per token of the minimum, and generated tokens per second.
 
-Same model, sampling, tasks and seed in both runs; the batched run makes one backend call per
-step for all N envs, the sequential run uses one env slot (N episodes in turn). Prints
-generated tokens per second of each, the speed-up, and the peak resident memory of each phase
-(sampled every 20 ms; GPU peak too when on CUDA).
+Collects B tasks x G rollouts of a multi-turn env with `VectorAgent` and the HF backend, and
+counts every token id that goes into a forward pass of the model (prefills, decode steps,
+padding included). The minimum is each group's first prompt once plus each trajectory's new
+tokens (responses and observation deltas): what a backend that never recomputes a KV entry
+would feed. Also prints generated tokens per wall and per CPU second, peak resident memory and,
+with a prefix cache, the cache's size against its bound.
 
-    .venv/bin/python scripts/bench_rollout.py --threads 1          # tiny model, BFCL base, 8 envs
-    .venv/bin/python scripts/bench_rollout.py --model embedded --max-new-tokens 32 --max-turns 1
+    # BFCL base, the paper's 10 turns and group size 8, tiny model
+    .venv/bin/python scripts/bench_rollout.py --tasks 2 --group-size 8 --max-turns 10 --max-new-tokens 32
+    # the same without the prefix cache ("before")
+    .venv/bin/python scripts/bench_rollout.py --tasks 2 --group-size 8 --max-turns 10 --max-new-tokens 32 \
+        --prefix-cache-tokens 0
+    # embedded 0.5B model, kept small: 1 task x 8 rollouts x 3 turns
+    .venv/bin/python scripts/bench_rollout.py --model embedded --tasks 1 --group-size 8 --max-turns 3 \
+        --max-new-tokens 32
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import json
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import gymnasium as gym
 import psutil
@@ -26,6 +34,7 @@ import seeupo_gym  # noqa: F401  (registers the ids)
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.agents.vector import VectorAgent
+from seeupo_gym.algorithms.rollout import RolloutBatch
 
 
 @contextmanager
@@ -42,42 +51,53 @@ def peak_rss() -> Iterator[dict[str, float]]:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
     try:
         yield result
     finally:
         stop.set()
         thread.join()
-        if torch.cuda.is_available():
-            result["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
-def run(args: argparse.Namespace, model, tokenizer, tasks: list[str | None], num_envs: int) -> dict[str, float]:
-    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    with VectorAgent(
-        args.env, HFBackend(model, tokenizer), tokenizer, num_envs=num_envs, sampling=sampling,
-        max_context_tokens=args.max_context_tokens, env_kwargs={"max_turns": args.max_turns},
-    ) as agent, peak_rss() as memory:
-        cpu_start = time.process_time()
-        agent.collect(tasks, group_size=1, seed=args.seed)
-        cpu_seconds = time.process_time() - cpu_start
-        stats = agent.last_stats
-    return {
-        "envs": num_envs,
-        "episodes": stats.episodes,
-        "turns": stats.turns,
-        "backend_calls": stats.backend_calls,
-        "generated_tokens": stats.generated_tokens,
-        "wall_s": round(stats.wall_seconds, 2),
-        "generate_s": round(stats.generate_seconds, 2),
-        "env_s": round(stats.env_seconds, 3),
-        "tokens_per_s": round(stats.tokens_per_second, 2),
-        # CPU seconds of this process (all threads): steadier than wall time on a shared machine.
-        "cpu_s": round(cpu_seconds, 2),
-        "tokens_per_cpu_s": round(stats.generated_tokens / cpu_seconds, 2) if cpu_seconds else 0.0,
-        **{k: round(v, 3) for k, v in memory.items()},
-    }
+@contextmanager
+def fed_tokens(model: torch.nn.Module) -> Iterator[dict[str, int]]:
+    """Counts the token ids of every forward call of `model` (the padding too: it costs compute)."""
+    count = {"fed_tokens": 0, "forward_calls": 0}
+
+    def hook(module: Any, args: tuple, kwargs: dict) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is not None:
+            count["fed_tokens"] += input_ids.numel()
+            count["forward_calls"] += 1
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def minimum_tokens(batch: RolloutBatch) -> int:
+    """Each group's first prompt once, then every trajectory's tokens beyond what it already held."""
+    total = 0
+    for members in batch.groups().values():
+        prompts = [t.turns[0].context_ids for t in members if t.turns]
+        total += len(prompts[0]) if prompts else 0
+        for trajectory in members:
+            held = trajectory.turns[0].context_ids if trajectory.turns else []
+            for turn in trajectory.turns:
+                sequence = turn.context_ids + turn.response_ids
+                total += len(sequence) - common_prefix(held, sequence)
+                held = sequence
+    return total
 
 
 def main() -> None:
@@ -86,13 +106,17 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--env", default="seeupo/BFCL-v4-base-v0")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--max-context-tokens", type=int, default=8192)
+    parser.add_argument("--tasks", type=int, default=2, help="B: tasks (the env's first B)")
+    parser.add_argument("--group-size", type=int, default=8, help="G: rollouts per task")
+    parser.add_argument("--num-envs", type=int, default=None, help="env slots (default: B x G, all at once)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--max-turns", type=int, default=10)
+    parser.add_argument("--max-context-tokens", type=int, default=16384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=None,
+                        help="HF backend prefix cache bound in tokens (0: off; default: the backend's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -102,23 +126,51 @@ def main() -> None:
     probe = gym.make(args.env, max_turns=args.max_turns)
     task_ids = getattr(probe.unwrapped, "task_ids", None)
     probe.close()
-    tasks: list[str | None] = list(task_ids[: args.num_envs]) if task_ids else [None] * args.num_envs
+    tasks: list[str | None] = list(task_ids[: args.tasks]) if task_ids else [None] * args.tasks
+    num_envs = args.num_envs or args.tasks * args.group_size
+    backend_kwargs = {} if args.prefix_cache_tokens is None else {"prefix_cache_tokens": args.prefix_cache_tokens}
+    backend = HFBackend(model, tokenizer, **backend_kwargs)
 
     print(f"model={args.model} dtype={args.dtype} device={args.device} threads={torch.get_num_threads()} "
-          f"env={args.env} envs={args.num_envs} max_new_tokens={args.max_new_tokens} max_turns={args.max_turns}")
+          f"env={args.env} tasks={args.tasks} group_size={args.group_size} envs={num_envs} "
+          f"max_turns={args.max_turns} max_new_tokens={args.max_new_tokens} backend={backend_kwargs or 'default'}")
     print(f"model load peak RSS {load_memory['peak_rss_gib']:.2f} GiB")
-    batched = run(args, model, tokenizer, tasks, args.num_envs)
-    print("batched   ", json.dumps(batched))
-    sequential = run(args, model, tokenizer, tasks, 1)
-    print("sequential", json.dumps(sequential))
-    speedup = batched["tokens_per_s"] / sequential["tokens_per_s"] if sequential["tokens_per_s"] else float("nan")
-    cpu_speedup = (
-        batched["tokens_per_cpu_s"] / sequential["tokens_per_cpu_s"] if sequential["tokens_per_cpu_s"] else float("nan")
-    )
-    print(f"\n{args.num_envs} envs batched: {batched['tokens_per_s']:.1f} tok/s, peak RSS {batched['peak_rss_gib']:.2f} GiB")
-    print(f"{args.num_envs} envs one after another: {sequential['tokens_per_s']:.1f} tok/s, "
-          f"peak RSS {sequential['peak_rss_gib']:.2f} GiB")
-    print(f"speed-up: {speedup:.2f}x wall-clock, {cpu_speedup:.2f}x per CPU second")
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    with VectorAgent(
+        args.env, backend, tokenizer, num_envs=num_envs, sampling=sampling,
+        max_context_tokens=args.max_context_tokens, env_kwargs={"max_turns": args.max_turns},
+    ) as agent, peak_rss() as memory, fed_tokens(model) as fed:
+        cpu_start = time.process_time()
+        batch = agent.collect(tasks, group_size=args.group_size, seed=args.seed)
+        cpu_seconds = time.process_time() - cpu_start
+        stats = agent.last_stats
+    minimum = minimum_tokens(batch)
+    result: dict[str, Any] = {
+        "episodes": stats.episodes,
+        "turns": stats.turns,
+        "backend_calls": stats.backend_calls,
+        "generated_tokens": stats.generated_tokens,
+        "fed_tokens": fed["fed_tokens"],
+        "forward_calls": fed["forward_calls"],
+        "minimum_tokens": minimum,
+        "fed_over_minimum": round(fed["fed_tokens"] / minimum, 3),
+        "wall_s": round(stats.wall_seconds, 2),
+        "generate_s": round(stats.generate_seconds, 2),
+        "tokens_per_s": round(stats.tokens_per_second, 2),
+        # CPU seconds of this process (all threads): steadier than wall time on a shared machine.
+        "cpu_s": round(cpu_seconds, 2),
+        "tokens_per_cpu_s": round(stats.generated_tokens / cpu_seconds, 2) if cpu_seconds else 0.0,
+        "peak_rss_gib": round(memory["peak_rss_gib"], 3),
+    }
+    cache = getattr(backend, "prefix_cache", None)
+    if cache is not None:
+        result.update(cache.stats())
+    print(json.dumps(result))
+    print(f"\ntokens fed / minimum: {result['fed_over_minimum']:.2f}x ({fed['fed_tokens']:,} / {minimum:,})")
+    print(f"generated: {stats.generated_tokens:,} tokens, {result['tokens_per_s']:.1f} tok/s wall, "
+          f"{result['tokens_per_cpu_s']:.1f} tok/CPU-s ({result['wall_s']:.1f} s wall, {result['cpu_s']:.1f} s CPU)")
+    if cache is not None:
+        print(f"prefix cache: {cache.stats()}")
 
 
 if __name__ == "__main__":
