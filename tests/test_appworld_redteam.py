@@ -48,9 +48,10 @@ MINI = find_data_dir("mini")
 TASKS = read_split(MINI, "mini")
 REPO = Path(__file__).resolve().parents[1]
 
-TIMEOUT_S = 3  # AppWorld's own limit per cell
-GRACE_S = 4  # the env's extra wait before it kills a stuck server
-DEADLINE_S = TIMEOUT_S + GRACE_S + 8  # + the kill and a busy 2-core machine
+TIMEOUT_S = 2  # AppWorld's own limit per cell
+GRACE_S = 3  # the env's extra wait before it kills a stuck episode
+DEADLINE_S = TIMEOUT_S + GRACE_S + 10  # + the kill, grading and a busy 2-core machine
+RESET_DEADLINE_S = 90  # a reset may have to restart a killed worker
 MEMORY_BOUND = 4 * 2**30  # what all of this test's processes may hold at once
 TOKEN = secrets.token_hex(6)  # marks everything the cells plant
 ENV_SECRET = f"env-secret-{secrets.token_hex(8)}"
@@ -58,6 +59,7 @@ FILE_SECRET = f"file-secret-{secrets.token_hex(8)}"
 CANARY_TEXT = "canary: untouched\n"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 COMPLETE = "apis.supervisor.complete_task()"
+HONEST_TASKS = ("mininote_1", "minitodo_1", "minivenmo_1")  # tasks that ask a question
 
 
 def solution(task_id: str) -> str:
@@ -165,7 +167,7 @@ class Host:
         addresses = [a.address for name, addrs in psutil.net_if_addrs().items() if name != "lo" for a in addrs]
         self.host_ip = next((a for a in addresses if a.count(".") == 3 and not a.startswith("127.")), "127.0.0.1")
         self.signals: list[int] = []
-        self.fingerprints = [ENV_SECRET, FILE_SECRET, *ground_truth_fingerprints()]
+        self.fingerprints = [ENV_SECRET, FILE_SECRET, "PARENT-MEMORY-OPEN", *ground_truth_fingerprints()]
         try:
             self.fingerprints.append(Path("/etc/shadow").read_text().splitlines()[0])
         except (OSError, IndexError):
@@ -302,43 +304,41 @@ def make_env(**kwargs: object) -> gym.Env:
 
 
 @pytest.fixture(scope="module")
-def honest(host: Host) -> dict[str, float]:
-    """Each task's reward for calling `complete_task()` at once, on a server no cell touched."""
-    env = make_env()
-    try:
-        scores = {}
-        for task_id in TASKS:
-            env.reset(options={"task_id": task_id})
-            scores[task_id] = env.step(render_action(COMPLETE))[1]
-    finally:
-        env.close()
-    assert all(score < 1.0 for score in scores.values()), scores
-    return scores
-
-
-@pytest.fixture
-def attacker(host: Host, honest: dict[str, float]) -> Iterator[gym.Env]:
+def attacker(host: Host) -> Iterator[gym.Env]:
     env = make_env()
     yield env
     env.close()
+
+
+@pytest.fixture(scope="module")
+def honest(attacker: gym.Env) -> dict[str, float]:
+    """Each answer task's reward for calling `complete_task()` at once, measured before any
+    attack (a server no cell has touched). Completing without the answer fails a test that a
+    patched grader would pass."""
+    scores = {task_id: complete_alone(attacker, task_id) for task_id in HONEST_TASKS}
+    assert all(isinstance(score, float) and score < 1.0 for score in scores.values()), scores
+    return scores
 
 
 # ---------------------------------------------------------------------------- the runner
 
 
 def attack(env: gym.Env, host: Host, cells: list[Cell], task_id: str, findings: Findings, **values: object) -> bool:
-    """Run `cells` in episodes of `task_id` (a new episode whenever one ends) and record findings.
-    Returns whether the last episode is still open."""
+    """Run `cells` in episodes of `task_id` (a new episode whenever one ends) and record what
+    each did. Returns whether the last episode is still open."""
     other = TASKS[(TASKS.index(task_id) + 1) % len(TASKS)]
     done = True
     for cell in cells:
         if done:
+            start = time.monotonic()
             try:
                 env.reset(options={"task_id": task_id})
                 done = False
             except Exception as error:  # noqa: BLE001 (a raise is a finding, not a crash of the suite)
-                findings.add("raise", cell.name, f"reset before it raised {error!r}")
+                findings.add("raise", cell.name, f"the reset before it raised {error!r}")
                 continue
+            if time.monotonic() - start > RESET_DEADLINE_S:
+                findings.add("late", cell.name, f"the reset before it took {time.monotonic() - start:.0f} s")
         code = cell.render(**host.values(task=task_id, other_task=other, **values))
         start = time.monotonic()
         try:
@@ -359,38 +359,41 @@ def attack(env: gym.Env, host: Host, cells: list[Cell], task_id: str, findings: 
 
 def complete_alone(env: gym.Env, task_id: str | None = None) -> float | str:
     """The reward of calling `complete_task()` at once (in a new episode of `task_id` if given),
-    or what went wrong."""
+    or how that failed."""
     try:
         if task_id is not None:
             env.reset(options={"task_id": task_id})
         return env.step(render_action(COMPLETE))[1]
-    except Exception as error:  # noqa: BLE001 (a raise is a finding, not a crash of the suite)
+    except Exception as error:  # noqa: BLE001
         return f"raised {error!r}"
 
 
-def honest_episodes(env: gym.Env, honest: dict[str, float], after: str, tasks: tuple[str, ...]) -> list[str]:
-    """Fresh episodes after an attack score as on a clean server: the ground truth 1.0, and
-    `complete_task()` alone its honest score."""
+def ground_truth(env: gym.Env, task_id: str) -> float | str:
+    try:
+        env.reset(options={"task_id": task_id})
+        return env.step(render_action(solution(task_id)))[1]
+    except Exception as error:  # noqa: BLE001
+        return f"raised {error!r}"
+
+
+def fresh_episodes(env: gym.Env, honest: dict[str, float], after: str, task_id: str, truth: bool = False) -> list[str]:
+    """After an attack, a fresh episode scores as on a clean server: `complete_task()` alone
+    its honest score and, if `truth`, the ground truth 1.0."""
     changes = []
-    for task_id in tasks:
-        try:
-            env.reset(options={"task_id": task_id})
-            truth = env.step(render_action(solution(task_id)))[1]
-        except Exception as error:  # noqa: BLE001
-            truth = f"raised {error!r}"
-        if truth != 1.0:
-            changes.append(f"grader: {after}: then the ground truth of {task_id} scored {truth}")
-        alone = complete_alone(env, task_id)
-        if alone != honest[task_id]:
-            changes.append(f"grader: {after}: then complete_task() alone on {task_id} scored {alone}, honestly {honest[task_id]}")
+    alone = complete_alone(env, task_id)
+    if alone != honest[task_id]:
+        changes.append(f"grader: {after}: then complete_task() alone on {task_id} scored {alone}, honestly {honest[task_id]}")
+    scored = ground_truth(env, task_id) if truth else 1.0
+    if scored != 1.0:
+        changes.append(f"grader: {after}: then the ground truth of {task_id} scored {scored}")
     return changes
 
 
 def assert_contained(env: gym.Env, host: Host, honest: dict[str, float], cells: list[Cell], task_id: str) -> None:
     findings = Findings()
     attack(env, host, cells, task_id, findings)
-    next_tasks = (TASKS[(TASKS.index(task_id) + 3) % len(TASKS)],)
-    findings += honest_episodes(env, honest, cells[0].name.split(".")[0], next_tasks)
+    after = cells[0].name.split(".")[0]
+    findings += fresh_episodes(env, honest, after, HONEST_TASKS[len(after) % len(HONEST_TASKS)])
     assert_none(findings)
 
 
@@ -398,15 +401,15 @@ def assert_contained(env: gym.Env, host: Host, honest: dict[str, float], cells: 
 
 
 def test_import_routes_through_allowed_modules_reach_nothing_on_the_host(attacker, host, honest):
-    assert_contained(attacker, host, honest, catalogue.IMPORT_ROUTES, "mininote_1")
+    assert_contained(attacker, host, honest, catalogue.IMPORT_ROUTES, "mininote_2")
 
 
 def test_introspection_routes_reach_nothing_on_the_host(attacker, host, honest):
-    assert_contained(attacker, host, honest, catalogue.INTROSPECTION, "minitodo_1")
+    assert_contained(attacker, host, honest, catalogue.INTROSPECTION, "minitodo_2")
 
 
 def test_ipython_hooks_reach_nothing_on_the_host(attacker, host, honest):
-    assert_contained(attacker, host, honest, catalogue.IPYTHON, "minivenmo_1")
+    assert_contained(attacker, host, honest, catalogue.IPYTHON, "minivenmo_2")
 
 
 def test_cells_cannot_create_change_or_delete_host_files(attacker, host, honest):
@@ -414,7 +417,7 @@ def test_cells_cannot_create_change_or_delete_host_files(attacker, host, honest)
 
 
 def test_cells_cannot_read_the_trainers_files_or_environment(attacker, host, honest):
-    assert_contained(attacker, host, honest, catalogue.SECRETS, "mininote_2")
+    assert_contained(attacker, host, honest, catalogue.SECRETS, "mininote_3")
 
 
 def test_cells_have_no_network_and_no_host_sockets(attacker, host, honest):
@@ -429,8 +432,11 @@ def test_cells_cannot_read_ground_truth_or_other_tasks_data(attacker, host, hone
     assert_contained(attacker, host, honest, catalogue.GROUND_TRUTH, "miniphone_2")
 
 
+def test_frames_a_cell_writes_to_the_hosts_socket_end_its_episode_without_raising(attacker, host, honest):
+    assert_contained(attacker, host, honest, catalogue.HOST_CHANNEL, "mininote_2")
+
+
 def test_grader_patches_change_no_score_in_their_episode_or_the_next(attacker, host, honest):
-    # Answer tasks: completing without an answer fails a test that a patched grader passes.
     task_id, next_task = "mininote_1", "minitodo_1"
     findings = Findings()
     for cell in catalogue.GRADER:
@@ -438,17 +444,14 @@ def test_grader_patches_change_no_score_in_their_episode_or_the_next(attacker, h
             now = complete_alone(attacker)
             if now != honest[task_id]:
                 findings.add("grader", cell.name, f"complete_task() alone in its episode scored {now}, honestly {honest[task_id]}")
-        then = complete_alone(attacker, next_task)
-        if then != honest[next_task]:
-            findings.add("grader", cell.name, f"complete_task() alone in the next episode scored {then}, honestly {honest[next_task]}")
-    findings += honest_episodes(attacker, honest, "grader", ("minivenmo_1", "miniphone_2"))
+    findings += fresh_episodes(attacker, honest, "grader (the next episode)", next_task, truth=True)
     assert_none(findings)
 
 
 def test_nothing_a_cell_leaves_survives_into_the_next_episode(attacker, host, honest):
     findings = Findings()
     attack(attacker, host, catalogue.PERSISTENCE_PLANTS, "mininote_2", findings)
-    next_task = "minitodo_2"
+    next_task = "minivenmo_1"
     attacker.reset(options={"task_id": next_task})
     for probe in catalogue.PERSISTENCE_PROBES:
         try:
@@ -456,12 +459,13 @@ def test_nothing_a_cell_leaves_survives_into_the_next_episode(attacker, host, ho
         except Exception as error:  # noqa: BLE001
             findings.add("raise", probe.name, repr(error))
             continue
+        log(probe.name, observation, 0.0)
         if f"{TOKEN}-" in observation:
             findings.add("persistence", probe.name, f"the next episode sees {observation[:200]!r}")
     _, reward, *_ = attacker.step(render_action(solution(next_task)))
     if reward != 1.0:
         findings.add("grader", "persistence", f"the ground truth of the next episode scored {reward}")
-    findings += honest_episodes(attacker, honest, "persistence", ("mininote_1",))
+    findings += fresh_episodes(attacker, honest, "persistence", "minitodo_1")
     assert_none(findings)
 
 
@@ -470,7 +474,7 @@ def test_nothing_a_cell_leaves_survives_into_the_next_episode(attacker, host, ho
 
 def victim_processes(info: dict) -> list[psutil.Process]:
     pid = info.get("server_pid")
-    if pid is None or not psutil.pid_exists(pid):
+    if not pid or not psutil.pid_exists(pid):
         return []
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -534,7 +538,7 @@ def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, host, honest)
         _, reward, terminated, _, info = victim.step(render_action(solution(victim_task)))
         if (reward, terminated, info["termination_reason"]) != (1.0, True, "completed"):
             findings.add("cross-env", "cross-env", f"the other env's ground truth then scored {reward}: {info['termination_reason']}")
-        findings += honest_episodes(victim, honest, "cross-env (the other env)", ("minitodo_1",))
+        findings += fresh_episodes(victim, honest, "cross-env (the other env)", "minitodo_1")
     finally:
         victim.close()
     assert_none(findings)
@@ -570,49 +574,58 @@ class MemoryWatch:
         self._thread.join()
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
+def cpu_burnt(seconds: float = 0.7) -> float:
+    """CPU seconds per second that this test's processes use over the next `seconds`."""
+    processes = our_processes()
+
+    def total() -> float:
+        used = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+                used += times.user + times.system
+            except psutil.Error:
+                pass
+        return used
+
+    before = total()
+    time.sleep(seconds)
+    return (total() - before) / seconds
 
 
-def leftovers_after_the_episode(env: gym.Env, cell: str) -> list[str]:
-    """What a cell's episode leaves running on the host once the next episode has begun."""
+def leftovers(cell: str) -> list[str]:
     found = []
-    env.reset(options={"task_id": "mininote_1"})
     marked = marked_processes()
     if marked:
         found.append(f"resources: {cell}: {len(marked)} planted processes outlive the episode")
     threads = sum(p.num_threads() for p in our_processes() if p.is_running())
     if threads > 200:
         found.append(f"resources: {cell}: {threads} threads outlive the episode")
-    processes = our_processes()
-    before = cpu_seconds(processes)
-    time.sleep(1.0)
-    burnt = cpu_seconds(processes) - before
+    burnt = cpu_burnt()
     if burnt > 0.5:
         found.append(f"resources: {cell}: the env's processes burn {burnt:.1f} CPU-s per s after the episode")
     return found
 
 
 def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Findings) -> None:
+    """Each cell in its own episode: bounded memory while it runs, no CPU burnt once the step
+    has returned (the policy is thinking), nothing left once the next episode has begun."""
     for cell in cells:
         with MemoryWatch() as memory:
-            attack(env, host, [cell], "minitodo_2", findings)
+            still_open = attack(env, host, [cell], "minitodo_2", findings)
         if memory.peak > MEMORY_BOUND:
             findings.add("resources", cell.name, f"the env's processes held {memory.peak / 2**30:.1f} GiB")
-        findings += leftovers_after_the_episode(env, cell.name)
+        burnt = cpu_burnt() if still_open else 0.0
+        if burnt > 0.5:
+            findings.add("resources", cell.name, f"its episode burns {burnt:.1f} CPU-s per s between steps")
+        env.reset(options={"task_id": "mininote_1"})
+        findings += leftovers(cell.name)
 
 
 def test_resource_exhaustion_is_bounded_and_ends_with_the_step(attacker, host, honest):
     findings = Findings()
     run_resource_cells(attacker, host, catalogue.RESOURCES, findings)
-    findings += honest_episodes(attacker, honest, "resources", ("miniphone_1",))
+    findings += fresh_episodes(attacker, honest, "resources", "minivenmo_1", truth=True)
     assert_none(findings)
 
 
@@ -621,11 +634,12 @@ def test_fork_bombs_disk_fills_and_large_allocations_are_bounded(attacker, host,
     findings = Findings()
     run_resource_cells(attacker, host, catalogue.RESOURCES_SLOW, findings)
     name = f"redteam-fill-{TOKEN}"
-    filled = [*Path("/tmp").glob(name), *Path("/tmp").glob(f"*/{name}"), *Path("/tmp").glob(f"*/*/{name}"), *Path("/dev/shm").glob(name)]
+    filled = [*Path("/tmp").glob(name), *Path("/tmp").glob(f"*/{name}"), *Path("/tmp").glob(f"*/*/{name}"),
+              *Path("/dev/shm").glob(name)]
     for path in filled:
         findings.add("resources", "disk-fill", f"{path} ({path.stat().st_size >> 20} MiB) is on the host after the episode")
         path.unlink()
-    findings += honest_episodes(attacker, honest, "resources (slow)", ("minivenmo_2",))
+    findings += fresh_episodes(attacker, honest, "resources (slow)", "minitodo_1", truth=True)
     assert_none(findings)
 
 
