@@ -3,7 +3,7 @@
     python scripts/fresh_install.py [--work DIR] [--keep]
 
 Steps (each printed; the first failure stops the script with exit code 1):
-1. copy the repository's tracked files to DIR/src and build the wheel there (nothing is
+1. export the committed tree (HEAD) to DIR/src and build the wheel there (nothing is
    written into the checkout); print the wheel's top-level names;
 2. a fresh venv: the CPU torch first (a resolver choosing torch itself pulls a CUDA build),
    then the wheel and openai-agents (which installs a top-level `agents` package), then
@@ -83,15 +83,11 @@ def run(command: list[str], cwd: Path | None = None) -> str:
     return result.stdout
 
 
-def copy_tracked_files(destination: Path) -> None:
-    """The checkout's tracked files as they are now (not others' untracked work, not build/)."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
-    for name in filter(None, listed.stdout.split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            target = destination / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
+def export_head(destination: Path) -> None:
+    """The committed tree (HEAD): not others' half-done edits, untracked files or build/."""
+    destination.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(destination)], input=archive, check=True)
 
 
 def wheel_top_level(wheel: Path) -> list[str]:
@@ -110,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--work {work} is inside the repository; pick a folder outside it")
     try:
         src, dist, venv, run_dir = work / "src", work / "dist", work / "venv", work / "work"
-        copy_tracked_files(src)
+        export_head(src)
         run([sys.executable, "-m", "venv", "--clear", str(venv)])
         python = venv / "bin" / "python"
         run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"])

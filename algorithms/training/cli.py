@@ -22,11 +22,61 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config
+
+# seeupo-eval's response budget when no config says otherwise: a random or untrained model
+# rarely stops by itself, and the training default (1024 per turn, 10 turns) keeps a CPU busy
+# for many minutes per episode.
+EVAL_MAX_NEW_TOKENS = 256
+# Seconds to wait for the Hugging Face hub when checking a model name.
+HUB_TIMEOUT_S = 5.0
+_MODEL_HINT = "use 'embedded' (the offline Qwen2.5-Coder-0.5B-Instruct), 'tiny', or a local folder"
+
+
+def check_model_source(name: str) -> None:
+    """Fail within seconds, in one line, for a model name that cannot load.
+
+    Without this an unknown hub id costs a minute or two of retries and a 30-frame traceback
+    (more when the hub is unreachable). A model in the local cache loads offline when the hub
+    cannot be reached (HF_HUB_OFFLINE is set for this process, which `load_model` honours).
+    """
+    if name in ("tiny", "embedded") or Path(name).expanduser().exists():
+        return
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except HFValidationError:
+        raise ConfigError(f"model {name!r} is not a local folder, nor a Hugging Face id; {_MODEL_HINT}") from None
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        if cached:
+            return
+        raise ConfigError(f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {_MODEL_HINT}")
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        if not cached:
+            raise ConfigError(f"model {name!r} is gated: accept its terms on the hub and log in (hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"no model {name!r} on the Hugging Face hub (or it is private); {_MODEL_HINT}") from None
+    except Exception as error:  # connection refused, DNS, timeout: the hub is out of reach
+        if not cached:
+            raise ConfigError(
+                f"model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
+                f"({type(error).__name__}); {_MODEL_HINT}"
+            ) from None
+        os.environ["HF_HUB_OFFLINE"] = "1"  # load from the cache without a round of retries
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 400 else text[:400] + " ..."
 
 
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,7 +84,8 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="seeupo-train",
         description="Train an LLM agent with PPO, GRPO, GSPO, SeeUPO or a plug-in algorithm.",
     )
-    parser.add_argument("--config", help="YAML config file (see configs/); defaults apply without one")
+    parser.add_argument("--config", help="a preset name (tiny-cpu, tiny-turnbandit, demo, ...) or a YAML file; "
+                        "defaults apply without one")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
     parser.add_argument("--resume", help="checkpoint folder, or 'latest' (the newest under log.output_dir)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -58,9 +109,13 @@ def train_main(argv: list[str] | None = None) -> int:
             return 0
         from seeupo_gym.algorithms.training.trainer import Trainer
 
+        check_model_source(config.model.name_or_path)
         trainer = Trainer(config)
     except ConfigError as error:
         print(f"seeupo-train: bad config: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a model or file that does not load: the cause, not a traceback
+        print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
         return 2
     with trainer:
         records = trainer.train()
@@ -95,7 +150,7 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     source = parser.add_argument_group("what to evaluate")
     source.add_argument("--checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
-    source.add_argument("--config", help="YAML trainer config for the model / env / sampling settings")
+    source.add_argument("--config", help="a preset name or a YAML trainer config (model / env / sampling settings)")
     source.add_argument("--model", help="'embedded', 'tiny', a Hugging Face id or a local path (model.name_or_path)")
     source.add_argument("--env", help="env id, e.g. seeupo/TurnBandit-v0 (env.id)")
     source.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON merged into env.kwargs, e.g. '{\"split\": \"test\"}'")
@@ -106,14 +161,16 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     metric.add_argument("-k", type=int, default=1, help="k of avg@k / pass@k (default 1)")
     metric.add_argument("-n", type=int, help="rollouts per task, >= k (default k); n > k lowers the variance of pass@k")
     metric.add_argument("--temperature", type=float, help="sampling temperature (default: sampling.temperature)")
-    metric.add_argument("--max-new-tokens", type=int, help="tokens per response (default: sampling.max_new_tokens)")
+    metric.add_argument("--max-new-tokens", type=int,
+                        help=f"tokens per response (default: the config's sampling.max_new_tokens; "
+                             f"{EVAL_MAX_NEW_TOKENS} without a config)")
     metric.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     metric.add_argument("--num-envs", type=int, help="envs stepped together (default: env.num_envs)")
     output = parser.add_argument_group("output")
     output.add_argument("--out", help="write the result as JSON to this file")
     output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
     return parser.parse_args(argv)
 
@@ -147,11 +204,22 @@ def eval_main(argv: list[str] | None = None) -> int:
         n = args.n if args.n is not None else args.k
         if args.k < 1 or n < args.k:
             raise ConfigError(f"need 1 <= k <= n, got k={args.k}, n={n}")
-        from seeupo_gym.algorithms.training.checkpoint import load_policy
+        max_new_tokens = args.max_new_tokens or (
+            config.sampling.max_new_tokens if _settings_given(args) else EVAL_MAX_NEW_TOKENS
+        )
+        from seeupo_gym.algorithms.training.checkpoint import HF_FOLDER, load_policy
 
+        if args.checkpoint is None or not (Path(args.checkpoint) / HF_FOLDER).is_dir():
+            check_model_source(config.model.name_or_path)
+        print(f"seeupo-eval: {config.model.name_or_path}{' @ ' + args.checkpoint if args.checkpoint else ''} on "
+              f"{config.env.id}: {len(tasks)} tasks x {n} rollouts, at most {max_new_tokens} new tokens per turn "
+              "(--max-new-tokens)", file=sys.stderr)
         model, tokenizer = load_policy(config, args.checkpoint)
     except ConfigError as error:
         print(f"seeupo-eval: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a model or checkpoint that does not load: the cause, not a traceback
+        print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
     from seeupo_gym.agents.backends import HFBackend
     from seeupo_gym.algorithms.training.evaluation import evaluate_policy
@@ -165,7 +233,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         n=n,
         temperature=config.sampling.temperature if args.temperature is None else args.temperature,
         top_p=config.sampling.top_p,
-        max_new_tokens=args.max_new_tokens or config.sampling.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         seed=args.seed,
         num_envs=args.num_envs or config.env.num_envs,
         max_context_tokens=config.env.max_context_tokens,
@@ -194,6 +262,12 @@ def eval_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _settings_given(args: argparse.Namespace) -> bool:
+    """Whether a config file (--config, or the checkpoint's) or an override sets the sampling."""
+    saved = args.checkpoint is not None and (Path(args.checkpoint) / "config.yaml").is_file()
+    return args.config is not None or saved or any(o.startswith("sampling.max_new_tokens=") for o in args.overrides)
+
+
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="seeupo-export",
@@ -209,6 +283,9 @@ def export_main(argv: list[str] | None = None) -> int:
         out = export_merged(config, args.checkpoint, args.out)
     except ConfigError as error:
         print(f"seeupo-export: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"seeupo-export: {_one_line(error)}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

@@ -156,15 +156,15 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    with VectorAgent(
+    with tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress, leave=False) as bar, VectorAgent(
         env_id,
-        backend,
+        _TurnProgress(backend, bar) if progress else backend,
         tokenizer,
         num_envs=num_envs,
         sampling=sampling,
         max_context_tokens=max_context_tokens,
         env_kwargs=env_kwargs,
-    ) as agent, tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress, leave=False) as bar:
+    ) as agent:
         for index, begin in enumerate(range(0, len(tasks), chunk)):
             part = tasks[begin : begin + chunk]
             batch = agent.collect(part, n, seed=derive_seed(seed, index))
@@ -201,6 +201,30 @@ def evaluate_policy(
         generated_tokens=tokens,
         rollouts=rollouts,
     )
+
+
+class _TurnProgress:
+    """A backend that reports each generate call (one turn of every running episode) on a bar.
+
+    Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
+    still for minutes on a slow model.
+    """
+
+    def __init__(self, backend: Any, bar: Any) -> None:
+        self._backend = backend
+        self._bar = bar
+        self.turns = 0
+        self.tokens = 0
+
+    def generate(self, prompts: Any, sampling: Any) -> Any:
+        completions = self._backend.generate(prompts, sampling)
+        self.turns += 1
+        self.tokens += sum(len(c.token_ids) for c in completions)
+        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
+        return completions
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped backend's
+        return getattr(self._backend, name)
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

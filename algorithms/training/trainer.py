@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.algorithms.base import Algorithm, load_plugin, make_algorithm
+from seeupo_gym.algorithms.base import Algorithm, available_algorithms, load_plugin, make_algorithm
 from seeupo_gym.algorithms.training import checkpoint as ckpt
 from seeupo_gym.algorithms.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
 from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config, save_config
@@ -34,7 +34,7 @@ from seeupo_gym.algorithms.training.tasks import env_task_ids
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENV_ERROR", "RolloutError", "Trainer", "TrainerState", "build_algorithm"]
+__all__ = ["ENV_ERROR", "RolloutError", "Trainer", "TrainerState", "build_algorithm", "check_trackers"]
 
 # Purposes mixed into derive_seed(seed, step, purpose): independent streams per step.
 _ROLLOUT, _UPDATE, _EVAL = 0, 1, 2
@@ -73,7 +73,31 @@ def build_algorithm(config: Config) -> Algorithm:
     try:
         return make_algorithm(config.algorithm.name, config.algorithm.options)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"algorithm ({config.algorithm.name}): {error}") from error
+        hint = ""
+        if config.algorithm.name not in available_algorithms():
+            hint = " (an algorithm of your own: load the file that registers it with --plugin FILE, or list it under plugins:)"
+        raise ConfigError(f"algorithm ({config.algorithm.name}): {error}{hint}") from error
+
+
+def check_trackers(trackers: Sequence[str]) -> None:
+    """Every tracker in log.trackers is one accelerate knows and is installed.
+
+    accelerate itself drops an uninstalled tracker with a debug message: a run would log nothing
+    to it, silently.
+    """
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    installed = {str(t) for t in get_available_trackers()}
+    for name in trackers:
+        if name == "all":
+            continue
+        if name not in LOGGER_TYPE_TO_CLASS:
+            raise ConfigError(f"log.trackers: unknown tracker {name!r}; accelerate knows {sorted(LOGGER_TYPE_TO_CLASS)}")
+        if name not in installed:
+            raise ConfigError(
+                f"log.trackers: {name!r} is not installed in this environment; install it (pip install {name}) "
+                "or leave it out (log.trackers=[] logs to metrics.jsonl only)"
+            )
 
 
 class Trainer:
@@ -93,6 +117,7 @@ class Trainer:
 
         self.config = config = _as_config(config)
         self.algorithm = build_algorithm(config)
+        check_trackers(config.log.trackers)
         self.output_dir = Path(config.log.output_dir)
 
         if accelerator is None:

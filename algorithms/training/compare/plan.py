@@ -155,7 +155,7 @@ def build_plan(
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
     from seeupo_gym.algorithms.training.tasks import env_task_ids
-    from seeupo_gym.algorithms.training.trainer import build_algorithm
+    from seeupo_gym.algorithms.training.trainer import build_algorithm, check_trackers
 
     options = options or {}
     unknown = sorted(set(options) - set(algorithms))
@@ -189,6 +189,7 @@ def build_plan(
             try:
                 config = config_from_dict(run_raw)
                 build_algorithm(config)
+                check_trackers(config.log.trackers)
             except ConfigError as error:
                 raise ConfigError(f"run {label} (seed {seed}): {error}") from error
             runs.append(RunSpec(label, name, int(seed), config, output / label / f"seed-{seed}"))
