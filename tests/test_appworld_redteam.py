@@ -53,6 +53,7 @@ GRACE_S = 3  # the env's extra wait before it kills a stuck episode
 DEADLINE_S = TIMEOUT_S + GRACE_S + 10  # + the kill, grading and a busy 2-core machine
 RESET_DEADLINE_S = 90  # a reset may have to restart a killed worker
 MEMORY_BOUND = 4 * 2**30  # what all of this test's processes may hold at once
+IDLE_CPU = 0.1  # CPU-s per s an env may use while it waits (low: this machine may be loaded)
 TOKEN = secrets.token_hex(6)  # marks everything the cells plant
 ENV_SECRET = f"env-secret-{secrets.token_hex(8)}"
 FILE_SECRET = f"file-secret-{secrets.token_hex(8)}"
@@ -574,7 +575,7 @@ class MemoryWatch:
         self._thread.join()
 
 
-def cpu_burnt(seconds: float = 0.7) -> float:
+def cpu_burnt(seconds: float = 1.0) -> float:
     """CPU seconds per second that this test's processes use over the next `seconds`."""
     processes = our_processes()
 
@@ -602,7 +603,7 @@ def leftovers(cell: str) -> list[str]:
     if threads > 200:
         found.append(f"resources: {cell}: {threads} threads outlive the episode")
     burnt = cpu_burnt()
-    if burnt > 0.5:
+    if burnt > IDLE_CPU:
         found.append(f"resources: {cell}: the env's processes burn {burnt:.1f} CPU-s per s after the episode")
     return found
 
@@ -616,7 +617,7 @@ def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Fi
         if memory.peak > MEMORY_BOUND:
             findings.add("resources", cell.name, f"the env's processes held {memory.peak / 2**30:.1f} GiB")
         burnt = cpu_burnt() if still_open else 0.0
-        if burnt > 0.5:
+        if burnt > IDLE_CPU:
             findings.add("resources", cell.name, f"its episode burns {burnt:.1f} CPU-s per s between steps")
         env.reset(options={"task_id": "mininote_1"})
         findings += leftovers(cell.name)
