@@ -12,11 +12,20 @@ response positions go through the LM head):
 C is the longest context, L the longest response. Position ids count real tokens only, so
 left padding does not shift positions. The logits for response token j come from column
 C - 1 + j; the forward keeps just the last L + 1 columns (`logits_to_keep`).
+
+The learner scores at scale with the packed form below: `pack_sequences` merges the turns of a
+trajectory whose contexts extend each other into one token sequence (one forward scores all of
+its responses), and `packed_logprobs` runs several such sequences as one row, told apart by
+position ids that restart at 0 (transformers then masks attention block-diagonally, so no
+sequence sees another), with the LM head applied only at response positions, a chunk at a time
+(`linear_logprobs`): no full-vocabulary logits for a whole micro-batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Hashable
 
 import torch
 
@@ -162,3 +171,146 @@ def _forward_chunk(
     logprobs = token_logits - torch.logsumexp(logits, dim=-1)
     mask = attention_mask[:, -max_response:].bool()
     return logprobs.masked_fill(~mask, 0.0), mask
+
+
+# --------------------------------------------------------------------------- packed scoring
+
+# Response positions whose logits are materialized at once by `linear_logprobs` (x vocab floats).
+LOGIT_CHUNK = 1024
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    """`log_softmax(h W^T + b)[target]` per row of h, a chunk of rows at a time in both passes.
+
+    Saves only h, W and the log-normalizers; the backward recomputes each chunk's softmax.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for start in range(0, hidden.shape[0], chunk):
+            logits = torch.nn.functional.linear(hidden[start : start + chunk], weight, bias).float()
+            lse[start : start + chunk] = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(-1, targets[start : start + chunk, None]).squeeze(-1)
+            out[start : start + chunk] = picked - lse[start : start + chunk]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            h = hidden[start : start + ctx.chunk]
+            logits = torch.nn.functional.linear(h, weight, bias).float()
+            # d logp[target] / d logits = onehot(target) - softmax
+            grad_logits = -torch.exp(logits - lse[start : start + ctx.chunk, None])
+            grad_logits.scatter_add_(-1, targets[start : start + ctx.chunk, None], torch.ones_like(grad_logits[:, :1]))
+            grad_logits *= grad_out[start : start + ctx.chunk, None]
+            if need_h:
+                grad_h[start : start + ctx.chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w += grad_logits.T @ h.float()
+            if need_b:
+                grad_b += grad_logits.sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None)
+
+
+def linear_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
+    """float32 log-probabilities of `targets` [K] under the LM head applied to `hidden` [K, H]."""
+    bias = getattr(head, "bias", None)
+    return _LinearLogprobs.apply(hidden, head.weight, bias, targets, chunk)
+
+
+@dataclass
+class PackedSequence:
+    """Token ids scored in one piece, and where each of its samples' responses lies in them."""
+
+    tokens: list[int]
+    # (index of the sample in the caller's list, start of its response in `tokens`, its length)
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def pack_sequences(
+    keys: Sequence[Hashable], contexts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+) -> list[PackedSequence]:
+    """Merge the samples of one key (a trajectory), in the given order, into as few sequences as the
+    tokens allow: a sample joins the current sequence when that sequence is a prefix of its
+    context (token-in/token-out turns), else it starts a new one (e.g. a context rebuilt without
+    the earlier reasoning). Samples of different keys never share a sequence."""
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("every context needs at least one token (the response is predicted from it)")
+    open_sequence: dict[Hashable, PackedSequence] = {}
+    sequences: list[PackedSequence] = []
+    for i, (key, context, response) in enumerate(zip(keys, contexts, responses)):
+        current = open_sequence.get(key)
+        n = len(current.tokens) if current is not None else 0
+        if current is None or len(context) < n or list(context[:n]) != current.tokens:
+            current = PackedSequence([])
+            open_sequence[key] = current
+            sequences.append(current)
+            n = 0
+        current.tokens += list(context[n:]) + list(response)
+        current.spans.append((i, len(context), len(response)))
+    return sequences
+
+
+def packed_logprobs(
+    model: torch.nn.Module,
+    sequences: Sequence[PackedSequence],
+    *,
+    head: torch.nn.Module | None = None,
+    chunk: int = LOGIT_CHUNK,
+) -> torch.Tensor:
+    """Response-token logprobs of `sequences` run as one packed row through `model` (any wrapper
+    whose forward reaches the LM head, e.g. DDP / FSDP / peft). Returns the flat float32 logprobs
+    of every span, sequence by sequence, span by span, with autograd if it is enabled.
+
+    The LM head (`head`, default the model's output embeddings) is applied inside the model's
+    forward by a pre-hook, only at response positions and `chunk` positions at a time; the
+    model's own logits come out empty.
+    """
+    input_ids, position_ids, index, targets = packed_row(sequences)
+    device = next(model.parameters()).device
+    if head is None:
+        inner = model.module if hasattr(model, "module") else model
+        head = inner.get_output_embeddings()
+    targets = targets.to(device)
+    result: dict[str, torch.Tensor] = {}
+
+    def score_then_skip(module: torch.nn.Module, args: tuple) -> tuple:
+        result["logprobs"] = linear_logprobs(args[0][0], module, targets, chunk)
+        return (args[0][:, :0],) + tuple(args[1:])
+
+    handle = head.register_forward_pre_hook(score_then_skip)
+    try:
+        model(input_ids=input_ids.to(device), position_ids=position_ids.to(device), logits_to_keep=index.to(device),
+              use_cache=False)
+    finally:
+        handle.remove()
+    return result["logprobs"]
+
+
+def packed_row(sequences: Sequence[PackedSequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids [1, R], position_ids [1, R] restarting at 0 per sequence, the positions that predict
+    response tokens [K], those tokens [K]) for sequences laid end to end in one row."""
+    ids: list[int] = []
+    positions: list[int] = []
+    index: list[int] = []
+    targets: list[int] = []
+    for sequence in sequences:
+        offset = len(ids)
+        ids += sequence.tokens
+        positions += range(len(sequence.tokens))
+        for _, start, length in sequence.spans:
+            index += range(offset + start - 1, offset + start - 1 + length)
+            targets += sequence.tokens[start : start + length]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return as_long(ids)[None], as_long(positions)[None], as_long(index), as_long(targets)

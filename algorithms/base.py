@@ -6,6 +6,13 @@ turn order and its factor M live here, not in the trainer). It talks to the poli
 through `Learner`, which an LLM (the trainer's) and a tabular softmax policy (TurnBandit)
 both implement, so the same algorithm code runs on either.
 
+One optimizer step is `learner.minimize(minibatch, loss)`: the algorithm says which samples
+the step covers and how the loss of any part of them is computed (`MicroLoss`); the learner
+decides how to cut them into micro-batches (packed trajectories, a token budget, processes)
+and accumulates the gradients. So `loss` must return each part's *share* of the minibatch
+loss, normalized by minibatch-wide counts (`core.Totals`), for the sum of the shares to be
+the minibatch loss whatever the cut.
+
 A user algorithm is a subclass of `Algorithm` decorated with `@register_algorithm("name")`
 in any file; the trainer finds it by name once that file is imported (config key
 `plugins: [path/to/file.py]` or `--plugin`).
@@ -13,12 +20,13 @@ in any file; the trainer finds it by name once that file is imported (config key
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, TypeVar, Union
 
 import torch
 
@@ -40,11 +48,30 @@ class TokenLogprobs:
             raise ValueError(f"logprobs {tuple(self.logprobs.shape)} and mask {tuple(self.mask.shape)} differ in shape")
 
 
+# A part's share of the minibatch loss, optionally with diagnostics that also sum over parts.
+LossShare = Union[torch.Tensor, tuple[torch.Tensor, Mapping[str, float]]]
+
+
+class MicroLoss(Protocol):
+    """The loss of one optimizer step, evaluated on any part of its minibatch.
+
+    part: some of the step's samples; new: their logprobs under the current parameters (with
+    autograd); values: their value estimates [n, L] with autograd when `minimize` was called
+    with values=True, else None. Returns the part's share of the minibatch loss (and, optionally,
+    diagnostics as shares too): shares of a partition must add up to the minibatch's loss.
+    """
+
+    def __call__(self, part: Sequence[TurnSample], new: "TokenLogprobs", values: torch.Tensor | None) -> LossShare: ...
+
+
 class Learner(Protocol):
     """The policy being trained, as an algorithm sees it."""
 
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
-        """Response-token logprobs under the current parameters (with autograd when grad=True)."""
+        """Response-token logprobs under the current parameters (with autograd when grad=True).
+
+        With grad=True the whole list is one graph: use `minimize` for training at scale.
+        """
         ...
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
@@ -55,9 +82,24 @@ class Learner(Protocol):
         """Value estimates per response token, [n, L] aligned with `logprobs` (value-based algorithms only)."""
         ...
 
-    def optimize(self, loss: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on `loss` (backward, gradient clipping, step, zero_grad); returns e.g. grad_norm."""
+    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+        """One optimizer step on the minibatch `samples`: score them in parts, backpropagate each part's
+        `loss` share, step once. Returns the summed diagnostics of the shares and e.g. grad_norm."""
         ...
+
+    def optimize(self, loss: torch.Tensor) -> dict[str, float]:
+        """One optimizer step on a scalar `loss` built from `logprobs(..., grad=True)` (backward,
+        gradient clipping, step, zero_grad); the simple path, one graph for the whole minibatch."""
+        ...
+
+
+def loss_share(result: LossShare) -> tuple[torch.Tensor, dict[str, float]]:
+    """Split a `MicroLoss` result into (loss, diagnostics), whichever form it took."""
+    if isinstance(result, tuple):
+        loss, stats = result
+        items = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+        return loss, {k: float(v) for k, v in items.items() if v is not None}
+    return result, {}
 
 
 @dataclass

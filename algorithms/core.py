@@ -1,4 +1,4 @@
-"""Shared parts of every algorithm (DESIGN section 5), each defined once.
+"""Shared parts of every algorithm, each defined once.
 
 The first half are pure functions, tensors in and tensors out: advantages, ratios, the
 clipped objective, the k3 KL, loss aggregation, GAE and the value loss. The second half is
@@ -6,13 +6,19 @@ the small amount of glue the algorithm modules share: per-trajectory advantages 
 logprobs recomputed at the start of a step keyed by sample, minibatching, and the two policy
 losses (token-level and sequence-level) assembled from the pure parts.
 
+Losses are written as shares: given the minibatch-wide counts (`Totals`), the loss of any
+part of a minibatch is that part's sum divided by the minibatch's count, so the shares of the
+micro-batches a learner cuts add up to the minibatch loss exactly (token-mean over the whole
+minibatch, not a mean of micro-batch means). Without `totals` a tensor is its own minibatch.
+
 Shapes: `[n, L]` tensors are per-token, right-padded, with a boolean `mask` of real tokens.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
@@ -95,19 +101,37 @@ def kl_k3(logp_new: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
-    """Reduce per-token values [n, L] to a scalar.
+@dataclass(frozen=True)
+class Totals:
+    """Counts over a whole minibatch: the denominators of its token- and sample-means."""
+
+    samples: int
+    tokens: int
+
+    @classmethod
+    def of(cls, samples: Sequence[TurnSample]) -> "Totals":
+        return cls(len(samples), sum(s.turn.num_response_tokens for s in samples))
+
+    @classmethod
+    def of_mask(cls, mask: torch.Tensor) -> "Totals":
+        return cls(mask.shape[0], int(mask.sum()))
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", totals: Totals | None = None) -> torch.Tensor:
+    """Reduce per-token values [n, L] to a scalar: these rows' share of the minibatch's aggregate.
 
     token-mean: every real token of the minibatch weighs the same;
     seq-mean-token-mean: mean over samples of each sample's token mean;
     seq-mean-token-sum: mean over samples of each sample's token sum.
     """
+    totals = totals or Totals.of_mask(mask)
+    real = mask.to(values.dtype)
     if mode == "token-mean":
-        return masked_mean(values, mask)
+        return (values * real).sum() / max(totals.tokens, 1)
     if mode == "seq-mean-token-mean":
-        return masked_mean(values, mask, dim=-1).mean()
+        return masked_mean(values, mask, dim=-1).sum() / max(totals.samples, 1)
     if mode == "seq-mean-token-sum":
-        return (values * mask.to(values.dtype)).sum(-1).mean()
+        return (values * real).sum() / max(totals.samples, 1)
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGGREGATIONS}")
 
 
@@ -136,19 +160,27 @@ def gae(
 
 
 def clipped_value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    totals: Totals | None = None,
 ) -> torch.Tensor:
     """PPO's clipped value loss, token-mean: `0.5 max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2)`."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     losses = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return 0.5 * masked_mean(losses, mask)
+    return 0.5 * aggregate(losses, mask, "token-mean", totals)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """`(x - mean) / (std + eps)` over real tokens (unbiased std); 0 at padding."""
+WHITEN_EPS = 1e-8
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + eps)` over real tokens (unbiased var, verl's convention); 0 at padding."""
     real = values[mask]
-    std = real.std() if real.numel() > 1 else real.new_zeros(())
-    return torch.where(mask, (values - real.mean()) / (std + eps), torch.zeros_like(values))
+    var = real.var() if real.numel() > 1 else real.new_zeros(())
+    return torch.where(mask, (values - real.mean()) * torch.rsqrt(var + eps), torch.zeros_like(values))
 
 
 # ---------------------------------------------------------------------------------------
@@ -189,19 +221,21 @@ def _split(tokens: TokenLogprobs) -> list[torch.Tensor]:
 
 
 def frozen_logprobs(
-    learner: Learner, samples: Sequence[TurnSample], chunk_size: int, *, reference: bool = False
+    learner: Learner, samples: Sequence[TurnSample], *, reference: bool = False
 ) -> dict[SampleKey, torch.Tensor]:
     """Logprobs of every sample under the current (or, with reference=True, the reference) policy,
-    without autograd, computed in chunks and keyed by (rollout_id, turn) so that any later
-    reordering of the samples finds its own row."""
-    out: dict[SampleKey, torch.Tensor] = {}
-    for start in range(0, len(samples), chunk_size):
-        chunk = samples[start : start + chunk_size]
-        with torch.no_grad():
-            tokens = learner.ref_logprobs(chunk) if reference else learner.logprobs(chunk, grad=False)
-        for sample, row in zip(chunk, _split(tokens)):
-            out[sample_key(sample)] = row
-    return out
+    without autograd, keyed by (rollout_id, turn) so that any later reordering of the samples finds
+    its own row. The learner cuts the pass into micro-batches itself."""
+    with torch.no_grad():
+        tokens = learner.ref_logprobs(samples) if reference else learner.logprobs(samples, grad=False)
+    return {sample_key(s): row for s, row in zip(samples, _split(tokens))}
+
+
+def frozen_values(learner: Learner, samples: Sequence[TurnSample]) -> dict[SampleKey, torch.Tensor]:
+    """Value estimates of every sample's response tokens, without autograd, keyed like `frozen_logprobs`."""
+    with torch.no_grad():
+        values = learner.values(samples).detach().float().cpu()
+    return {sample_key(s): row[: s.turn.num_response_tokens] for s, row in zip(samples, values)}
 
 
 def gather(table: dict[SampleKey, torch.Tensor], samples: Sequence[TurnSample], like: torch.Tensor) -> torch.Tensor:
@@ -228,21 +262,39 @@ def frozen_sequence_ratios(
 def minibatches(
     samples: Sequence[TurnSample], size: int, epochs: int, generator: torch.Generator
 ) -> Iterator[list[TurnSample]]:
-    """`epochs` passes over `samples`, each in a fresh random order, cut into minibatches of `size`."""
+    """`epochs` passes over `samples`, each in a fresh random order, cut into minibatches of about
+    `size` samples made of whole trajectories.
+
+    A trajectory's turns stay together so that one packed forward of the trajectory scores all of
+    them; a minibatch closes once it holds `size` samples or more. With one sample per trajectory
+    (a SeeUPO turn pool) this is a plain shuffle cut every `size` samples.
+    """
+    by_trajectory: dict[str, list[TurnSample]] = defaultdict(list)
+    for sample in samples:
+        by_trajectory[sample.rollout_id].append(sample)
+    trajectories = list(by_trajectory.values())
     for _ in range(epochs):
-        order = torch.randperm(len(samples), generator=generator).tolist()
-        for start in range(0, len(order), size):
-            yield [samples[k] for k in order[start : start + size]]
+        current: list[TurnSample] = []
+        for k in torch.randperm(len(trajectories), generator=generator).tolist():
+            current += trajectories[k]
+            if len(current) >= size:
+                yield current
+                current = []
+        if current:
+            yield current
 
 
 @dataclass
 class LossStats:
-    """Detached diagnostics of one minibatch loss."""
+    """Detached diagnostics of a loss, as shares of the minibatch like the loss itself.
+
+    Only `policy_loss` is required; a loss without a KL term, ratios or clipping leaves those None.
+    """
 
     policy_loss: float
-    kl: float
-    clipfrac: float
-    ratio_mean: float
+    kl: float | None = None
+    clipfrac: float | None = None
+    ratio_mean: float | None = None
 
 
 def token_policy_loss(
@@ -255,24 +307,26 @@ def token_policy_loss(
     ref: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     loss_agg: str = "token-mean",
+    totals: Totals | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg k3`.
 
     advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
     """
     mask = new.mask
+    totals = totals or Totals.of_mask(mask)
     ratio = token_ratio(new.logprobs, old, mask)
     objective = clipped_objective(ratio, advantages, clip_low, clip_high)
-    loss = -aggregate(objective, mask, loss_agg)
-    kl = torch.zeros(())
+    loss = -aggregate(objective, mask, loss_agg, totals)
+    kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_k3(new.logprobs, ref), mask, loss_agg)
+        kl = aggregate(kl_k3(new.logprobs, ref), mask, loss_agg, totals)
         loss = loss + kl_coef * kl
     stats = LossStats(
-        policy_loss=float(-aggregate(objective.detach(), mask, loss_agg)),
-        kl=float(kl.detach()),
-        clipfrac=float(masked_mean(clip_fraction(ratio.detach(), advantages, clip_low, clip_high), mask)),
-        ratio_mean=float(masked_mean(ratio.detach(), mask)),
+        policy_loss=float(-aggregate(objective.detach(), mask, loss_agg, totals)),
+        kl=None if kl is None else float(kl.detach()),
+        clipfrac=float(aggregate(clip_fraction(ratio.detach(), advantages, clip_low, clip_high), mask, "token-mean", totals)),
+        ratio_mean=float(aggregate(ratio.detach(), mask, "token-mean", totals)),
     )
     return loss, stats
 
@@ -286,6 +340,7 @@ def sequence_policy_loss(
     clip_high: float,
     ref: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    totals: Totals | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_samples clip_obj(s(y), w)` + KL.
 
@@ -293,33 +348,28 @@ def sequence_policy_loss(
     mean of k3, averaged over samples, so it weighs every sample like the surrogate does.
     """
     mask = new.mask
+    samples = max((totals or Totals.of_mask(mask)).samples, 1)
     ratio = sequence_ratio(new.logprobs, old, mask)
     objective = clipped_objective(ratio, weights, clip_low, clip_high)
-    loss = -objective.mean()
-    kl = torch.zeros(())
+    loss = -objective.sum() / samples
+    kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_k3(new.logprobs, ref), mask, "seq-mean-token-mean")
+        kl = masked_mean(kl_k3(new.logprobs, ref), mask, dim=-1).sum() / samples
         loss = loss + kl_coef * kl
     stats = LossStats(
-        policy_loss=float(-objective.detach().mean()),
-        kl=float(kl.detach()),
-        clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).mean()),
-        ratio_mean=float(ratio.detach().mean()),
+        policy_loss=float(-objective.detach().sum() / samples),
+        kl=None if kl is None else float(kl.detach()),
+        clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).sum() / samples),
+        ratio_mean=float(ratio.detach().sum() / samples),
     )
     return loss, stats
 
 
-def mean_stats(stats: Sequence[LossStats], optimizer_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Average minibatch diagnostics into step metrics."""
-    if not stats:
-        return {"optimizer_steps": 0.0}
-    out = {
-        name: sum(getattr(s, name) for s in stats) / len(stats)
-        for name in ("policy_loss", "kl", "clipfrac", "ratio_mean")
-    }
-    keys = {k for m in optimizer_metrics for k in m}
-    for key in sorted(keys):
-        vals = [m[key] for m in optimizer_metrics if key in m]
-        out[key] = sum(vals) / len(vals)
-    out["optimizer_steps"] = float(len(stats))
+def mean_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Average the metrics of a step's optimizer steps (each key over the steps that report it)."""
+    out: dict[str, float] = {}
+    for key in sorted({k for m in steps for k in m}):
+        values = [m[key] for m in steps if key in m]
+        out[key] = sum(values) / len(values)
+    out["optimizer_steps"] = float(len(steps))
     return out

@@ -1,7 +1,8 @@
-"""GRPO, token-level (DESIGN section 5).
+"""GRPO, token-level.
 
 `A_i` = GRAE of trajectory i, group-normalized, broadcast to every response token of every turn
-of trajectory i; all turns are updated together with `-agg_tokens clip_obj(rho, A_i)` + KL.
+of trajectory i; all turns are updated together with `-agg_tokens clip_obj(rho, A_i)` + KL, the
+aggregate taken over the whole minibatch (a minibatch holds whole trajectories).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from seeupo_gym.algorithms.rollout import RolloutBatch
 
 @dataclass
 class GRPOConfig(AlgorithmConfig):
-    # GRAE normalization: none | group | batch (DESIGN: group).
+    # GRAE normalization: none | group | batch.
     normalization: str = "group"
     # token-mean | seq-mean-token-mean | seq-mean-token-sum
     loss_agg: str = "token-mean"
@@ -38,26 +39,29 @@ class GRPO(Algorithm):
         self.schedule = []
         advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size)
-        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+        old = core.frozen_logprobs(learner, samples)
+        ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
-        stats, opt_metrics = [], []
+        steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            new = learner.logprobs(minibatch)
-            # A_i broadcast to every response token of the sample.
-            token_advantages = core.per_sample(advantages, minibatch, new.logprobs).unsqueeze(1).expand_as(new.logprobs)
-            loss, stat = core.token_policy_loss(
-                new,
-                core.gather(old, minibatch, new.logprobs),
-                token_advantages,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
-                kl_coef=cfg.kl_coef,
-                loss_agg=cfg.loss_agg,
-            )
-            opt_metrics.append(learner.optimize(loss))
-            stats.append(stat)
+            totals = core.Totals.of(minibatch)
 
-        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(stats)))
-        return core.mean_stats(stats, opt_metrics)
+            def loss(part, new, values):
+                # A_i broadcast to every response token of the sample.
+                token_advantages = core.per_sample(advantages, part, new.logprobs).unsqueeze(1).expand_as(new.logprobs)
+                return core.token_policy_loss(
+                    new,
+                    core.gather(old, part, new.logprobs),
+                    token_advantages,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+                    kl_coef=cfg.kl_coef,
+                    loss_agg=cfg.loss_agg,
+                    totals=totals,
+                )
+
+            steps.append(learner.minimize(minibatch, loss))
+
+        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(steps)))
+        return core.mean_metrics(steps)

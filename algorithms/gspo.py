@@ -1,4 +1,4 @@
-"""GSPO, sequence-level with per-turn sequences (DESIGN section 5).
+"""GSPO, sequence-level with per-turn sequences.
 
 Each turn's response y_{i,t} is one sequence with ratio `s(y_{i,t})`; the group-normalized `A_i`
 is shared by all turns of trajectory i; all turns are updated together with
@@ -18,7 +18,7 @@ from seeupo_gym.algorithms.rollout import RolloutBatch
 
 @dataclass
 class GSPOConfig(AlgorithmConfig):
-    # GRAE normalization: none | group | batch (DESIGN: group).
+    # GRAE normalization: none | group | batch.
     normalization: str = "group"
 
     def __post_init__(self) -> None:
@@ -36,23 +36,26 @@ class GSPO(Algorithm):
         self.schedule = []
         advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size)
-        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+        old = core.frozen_logprobs(learner, samples)
+        ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
-        stats, opt_metrics = [], []
+        steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            new = learner.logprobs(minibatch)
-            loss, stat = core.sequence_policy_loss(
-                new,
-                core.gather(old, minibatch, new.logprobs),
-                core.per_sample(advantages, minibatch, new.logprobs),
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
-                kl_coef=cfg.kl_coef,
-            )
-            opt_metrics.append(learner.optimize(loss))
-            stats.append(stat)
+            totals = core.Totals.of(minibatch)
 
-        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(stats)))
-        return core.mean_stats(stats, opt_metrics)
+            def loss(part, new, values):
+                return core.sequence_policy_loss(
+                    new,
+                    core.gather(old, part, new.logprobs),
+                    core.per_sample(advantages, part, new.logprobs),
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+                    kl_coef=cfg.kl_coef,
+                    totals=totals,
+                )
+
+            steps.append(learner.minimize(minibatch, loss))
+
+        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(steps)))
+        return core.mean_metrics(steps)

@@ -1,12 +1,11 @@
-"""PPO with a critic (DESIGN section 5).
+"""PPO with a critic.
 
 The learner carries a value model (`learner.values`, one value per response token). Token-level
 GAE runs over each trajectory's response tokens of all turns in order (observation tokens are
 not timesteps), with the team reward R_i on the last response token of the last turn; gamma = 1,
 lambda = 1 by default. Advantages are whitened over the batch; the policy loss is the token-level
-clipped surrogate with `rho`, plus `vf_coef` x the clipped value loss, plus KL. One `optimize`
-call per minibatch steps the policy and the value model together (the learner's optimizer must
-hold both).
+clipped surrogate with `rho`, plus `vf_coef` x the clipped value loss, plus KL. One `minimize`
+call per minibatch steps the policy and the value model together.
 """
 
 from __future__ import annotations
@@ -77,16 +76,9 @@ class PPO(Algorithm):
         cfg = self.config
         self.schedule = []
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size)
-        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
-        old_values: dict[core.SampleKey, torch.Tensor] = {}
-        for start in range(0, len(samples), cfg.minibatch_size):
-            chunk = samples[start : start + cfg.minibatch_size]
-            with torch.no_grad():
-                chunk_values = learner.values(chunk)
-            lengths = [s.turn.num_response_tokens for s in chunk]
-            for s, row, n in zip(chunk, chunk_values.detach().float().cpu(), lengths):
-                old_values[core.sample_key(s)] = row[:n]
+        old = core.frozen_logprobs(learner, samples)
+        ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
+        old_values = core.frozen_values(learner, samples)
         advantages, returns = trajectory_gae(batch, old_values, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages and advantages:
             # Whitened over every response token of the batch.
@@ -95,33 +87,34 @@ class PPO(Algorithm):
             flat = core.whiten(flat, torch.ones_like(flat, dtype=torch.bool))[0]
             advantages = dict(zip(keys, torch.split(flat, [advantages[k].numel() for k in keys])))
 
-        stats, opt_metrics, value_losses = [], [], []
+        steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            new = learner.logprobs(minibatch)
-            policy_loss, stat = core.token_policy_loss(
-                new,
-                core.gather(old, minibatch, new.logprobs),
-                core.gather(advantages, minibatch, new.logprobs),
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
-                kl_coef=cfg.kl_coef,
-                loss_agg=cfg.loss_agg,
-            )
-            values = learner.values(minibatch)
-            value_loss = core.clipped_value_loss(
-                values,
-                core.gather(old_values, minibatch, values),
-                core.gather(returns, minibatch, values),
-                new.mask,
-                cfg.value_clip,
-            )
-            opt_metrics.append(learner.optimize(policy_loss + cfg.vf_coef * value_loss))
-            stats.append(stat)
-            value_losses.append(float(value_loss.detach()))
+            totals = core.Totals.of(minibatch)
+
+            def loss(part, new, values):
+                policy_loss, stats = core.token_policy_loss(
+                    new,
+                    core.gather(old, part, new.logprobs),
+                    core.gather(advantages, part, new.logprobs),
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+                    kl_coef=cfg.kl_coef,
+                    loss_agg=cfg.loss_agg,
+                    totals=totals,
+                )
+                value_loss = core.clipped_value_loss(
+                    values,
+                    core.gather(old_values, part, values),
+                    core.gather(returns, part, values),
+                    new.mask,
+                    cfg.value_clip,
+                    totals,
+                )
+                return policy_loss + cfg.vf_coef * value_loss, {**vars(stats), "value_loss": float(value_loss.detach())}
+
+            steps.append(learner.minimize(minibatch, loss, values=True))
 
         weights = {s.rollout_id: float(advantages[core.sample_key(s)][0]) for s in samples if s.t == 1 and s.turn.num_response_tokens}
-        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), weights, len(stats)))
-        metrics = core.mean_stats(stats, opt_metrics)
-        metrics["value_loss"] = sum(value_losses) / max(len(value_losses), 1)
-        return metrics
+        self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), weights, len(steps)))
+        return core.mean_metrics(steps)

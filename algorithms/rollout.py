@@ -1,4 +1,4 @@
-"""Rollout records: what the agent hands the algorithms (DESIGN section 4).
+"""Rollout records: what the agent hands the algorithms.
 
 A trajectory is a list of turns; turn t (1-based) of trajectory i is one model response
 `response_ids` sampled on the exact context `context_ids` the model was conditioned on.

@@ -1,4 +1,4 @@
-"""SeeUPO: sequence-level sequential update, SeeUPPO-GRAE (DESIGN section 5; paper Algorithm 1).
+"""SeeUPO: sequence-level sequential update, SeeUPPO-GRAE (the paper's Algorithm 1).
 
 1. `M_i <- normalize(A_i)` for every trajectory i (GRAE, default `batch` normalization).
 2. For t in the update order (reverse T_max..1 by default; `natural` 1..T_max; `random`: a fresh
@@ -11,6 +11,11 @@ Ratios are taken against theta_k, the parameters at the start of the step (`old_
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
 pool just before its update, as the authors' code does (a different estimator). `M` is keyed
 by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample.
+
+Cost: the frozen passes (old, reference) score each trajectory once, packed; the gradient passes
+of pool t are inherently prefix-length (context_t + response_t per trajectory), because the
+parameters change between pools; the ratios after pool t cost one more prefix-length pass over
+the trajectories that still have a pool to come.
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ class SeeUPO(Algorithm):
         advantages = core.trajectory_advantages(batch, cfg.normalization)  # step 1
         factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples, cfg.minibatch_size) if cfg.old_policy == "step_start" else {}
-        ref = core.frozen_logprobs(learner, samples, cfg.minibatch_size, reference=True) if cfg.kl_coef > 0 else None
+        old = core.frozen_logprobs(learner, samples) if cfg.old_policy == "step_start" else {}
+        ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
         def weight(rid: str) -> float:  # M_i
             f = factor[rid] if cfg.m_clip is None else min(max(factor[rid], cfg.m_clip[0]), cfg.m_clip[1])
@@ -80,25 +85,28 @@ class SeeUPO(Algorithm):
 
         pools = [(t, batch.turn_pool(t)) for t in update_order(batch.max_turns, cfg.order, generator)]
         pools = [(t, pool) for t, pool in pools if pool]
-        stats, opt_metrics = [], []
+        steps = []
         for position, (t, pool) in enumerate(pools):  # step 2
             if cfg.old_policy == "turn_start":
-                old.update(core.frozen_logprobs(learner, pool, cfg.minibatch_size))
+                old.update(core.frozen_logprobs(learner, pool))
             weights = {s.rollout_id: weight(s.rollout_id) for s in pool}
-            steps_before = len(stats)
+            steps_before = len(steps)
             for minibatch in core.minibatches(pool, cfg.minibatch_size, cfg.epochs, generator):
-                new = learner.logprobs(minibatch)
-                loss, stat = core.sequence_policy_loss(
-                    new,
-                    core.gather(old, minibatch, new.logprobs),
-                    core.per_sample(weights, minibatch, new.logprobs),
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    ref=core.gather(ref, minibatch, new.logprobs) if ref is not None else None,
-                    kl_coef=cfg.kl_coef,
-                )
-                opt_metrics.append(learner.optimize(loss))
-                stats.append(stat)
+                totals = core.Totals.of(minibatch)
+
+                def loss(part, new, values):
+                    return core.sequence_policy_loss(
+                        new,
+                        core.gather(old, part, new.logprobs),
+                        core.per_sample(weights, part, new.logprobs),
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+                        kl_coef=cfg.kl_coef,
+                        totals=totals,
+                    )
+
+                steps.append(learner.minimize(minibatch, loss))
 
             # M_i is read again only if trajectory i has a turn in a pool still to come; the forward
             # pass for s(y_{i,t}) is spent on those samples alone (none after the last pool).
@@ -106,16 +114,16 @@ class SeeUPO(Algorithm):
             needed = [s for s in pool if s.rollout_id in later]
             ratios_after: dict[str, float] = {}
             if needed:
-                after = core.frozen_logprobs(learner, needed, cfg.minibatch_size)
+                after = core.frozen_logprobs(learner, needed)
                 ratios = core.frozen_sequence_ratios(after, old, needed).tolist()
                 for s, ratio in zip(needed, ratios):
                     ratios_after[s.rollout_id] = ratio
                     factor[s.rollout_id] *= ratio  # M_i <- M_i * s(y_{i,t})
             self.record_phase(
-                UpdatePhase(t, tuple(s.rollout_id for s in pool), weights, len(stats) - steps_before, ratios_after)
+                UpdatePhase(t, tuple(s.rollout_id for s in pool), weights, len(steps) - steps_before, ratios_after)
             )
 
-        metrics = core.mean_stats(stats, opt_metrics)
+        metrics = core.mean_metrics(steps)
         final_m = torch.tensor([weight(rid) for rid in advantages])
         metrics.update(m_mean=float(final_m.mean()), m_abs_max=float(final_m.abs().max()) if len(final_m) else 0.0)
         metrics["turn_pools"] = float(len(pools))

@@ -20,7 +20,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from seeupo_gym.algorithms.base import TokenLogprobs
+from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs, loss_share
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
 
 
@@ -48,6 +48,8 @@ class TabularPolicy:
 
     The reference policy is the initial table (for the KL term); `values()` reads a tabular value
     table per context (for PPO). `optimizer` is "sgd" or "adam" over the logits and values.
+    `microbatch_samples` cuts every `minimize` into parts of that many samples (None: one part),
+    which must not change the result.
     """
 
     def __init__(
@@ -58,8 +60,10 @@ class TabularPolicy:
         optimizer: str = "sgd",
         max_grad_norm: float | None = None,
         init_logits: torch.Tensor | None = None,
+        microbatch_samples: int | None = None,
     ) -> None:
         self.tasks = list(tasks)
+        self.microbatch_samples = microbatch_samples
         self.num_options = max(task.num_options for task in self.tasks)
         self.index: dict[tuple[int, ...], int] = {}
         for k, task in enumerate(self.tasks):
@@ -123,9 +127,24 @@ class TabularPolicy:
         rows, _ = self._rows(samples)
         return self.value_table[rows].unsqueeze(1)
 
+    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+        self.optimizer.zero_grad()
+        size = self.microbatch_samples or max(len(samples), 1)
+        totals: dict[str, float] = {}
+        for start in range(0, len(samples), size):
+            part = samples[start : start + size]
+            share, stats = loss_share(loss(part, self.logprobs(part), self.values(part) if values else None))
+            share.backward()
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return {**totals, **self._step()}
+
     def optimize(self, loss: torch.Tensor) -> dict[str, float]:
         self.optimizer.zero_grad()
         loss.backward()
+        return self._step()
+
+    def _step(self) -> dict[str, float]:
         params = [self.logits, self.value_table]
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm else float("inf"))
         self.optimizer.step()

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, UpdatePhase, available_algorithms, load_plugin, make_algorithm, register_algorithm
+from seeupo_gym.algorithms.base import (
+    Algorithm,
+    UpdatePhase,
+    available_algorithms,
+    load_plugin,
+    loss_share,
+    make_algorithm,
+    register_algorithm,
+)
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.algorithms.tabular import TabularPolicy, context_ids
 
@@ -41,8 +49,8 @@ class TinyTask:
 
 
 class RecordingPolicy(TabularPolicy):
-    """The real tabular learner, also recording each loss it is asked to optimize and the order of
-    the samples of each gradient forward (to observe minibatch shuffling)."""
+    """The real tabular learner, also recording each minibatch loss it minimizes (the sum of its parts'
+    shares) and the order of the samples of each gradient forward (to observe minibatch shuffling)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -54,9 +62,17 @@ class RecordingPolicy(TabularPolicy):
             self.forward_orders.append([(s.rollout_id, s.t) for s in samples])
         return super().logprobs(samples, grad=grad)
 
-    def optimize(self, loss):
-        self.losses.append(float(loss.detach()))
-        return super().optimize(loss)
+    def minimize(self, samples, loss, *, values=False):
+        shares = []
+
+        def recorded(part, new, vals):
+            result = loss(part, new, vals)
+            shares.append(float(loss_share(result)[0].detach()))
+            return result
+
+        metrics = super().minimize(samples, recorded, values=values)
+        self.losses.append(sum(shares))
+        return metrics
 
 
 def trajectory(task_index: int, task: TinyTask, actions: tuple[int, ...], rid: str, group: str = "g", reward=None) -> Trajectory:

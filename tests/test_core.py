@@ -1,4 +1,4 @@
-"""The shared algorithm parts against hand-computed values (DESIGN section 5)."""
+"""The shared algorithm parts against hand-computed values."""
 
 import math
 
@@ -135,6 +135,13 @@ def test_whiten_uses_real_tokens_only():
     assert close(core.whiten(values, mask), [[-1.0, 0.0], [1.0, 0.0]])
 
 
+def test_whiten_follows_verls_convention_rsqrt_of_var_plus_1e_8():
+    values = torch.tensor([[0.5, 0.8, -0.5, 0.0, 0.3]], dtype=torch.float64)
+    mask = torch.ones_like(values, dtype=torch.bool)
+    expected = (values - values.mean()) * torch.rsqrt(values.var() + 1e-8)
+    torch.testing.assert_close(core.whiten(values, mask), expected, atol=1e-12, rtol=0)
+
+
 def test_token_policy_loss_ignores_padding_in_loss_and_kl():
     new_lp = torch.tensor([[-1.0, -1.0], [-2.0, 50.0]])
     mask = torch.tensor([[T, T], [T, F]])
@@ -163,8 +170,46 @@ def test_sequence_policy_loss_weights_every_sample_once():
     assert float(loss) == pytest.approx(policy + 0.5 * kl, abs=1e-5)
 
 
+def one_turn_samples(n: int):
+    return RolloutBatch([Trajectory("t", "g", f"r{k}", [Turn([1], [2], [0.0])], 0.0, False) for k in range(n)]).samples()
+
+
 def test_minibatches_visit_every_sample_once_per_epoch():
-    items = list(range(10))
+    items = one_turn_samples(10)
     batches = list(core.minibatches(items, 4, 2, torch.Generator().manual_seed(0)))
     assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
-    assert sorted(sum(batches[:3], [])) == items and sorted(sum(batches[3:], [])) == items
+    ids = sorted(s.rollout_id for s in items)
+    assert sorted(s.rollout_id for b in batches[:3] for s in b) == ids
+    assert sorted(s.rollout_id for b in batches[3:] for s in b) == ids
+
+
+def test_minibatches_keep_a_trajectorys_turns_together_and_close_at_the_size():
+    turns = [Turn([1], [2], [0.0])] * 3
+    batch = RolloutBatch([Trajectory("t", "g", f"r{k}", turns[: k % 3 + 1], 0.0, False) for k in range(6)])
+    minibatches = list(core.minibatches(batch.samples(), 4, 1, torch.Generator().manual_seed(0)))
+    for minibatch in minibatches:
+        for rid in {s.rollout_id for s in minibatch}:
+            assert [s.t for s in minibatch if s.rollout_id == rid] == list(range(1, batch[rid].num_turns + 1))
+    assert all(len(m) >= 4 for m in minibatches[:-1]) and sum(len(m) for m in minibatches) == 12
+
+
+def test_losses_cut_into_parts_with_minibatch_totals_add_up_to_the_whole():
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 1, 4, 2])
+    mask = torch.arange(4)[None, :] < lengths[:, None]
+    new = core.TokenLogprobs(torch.randn(4, 4, generator=generator) * 0.1 - 1, mask)
+    old, ref = new.logprobs + 0.05 * torch.randn(4, 4, generator=generator), new.logprobs - 0.2
+    adv = torch.randn(4, 4, generator=generator)
+    totals = core.Totals.of_mask(mask)
+    for agg in core.LOSS_AGGREGATIONS:
+        kwargs = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.1, loss_agg=agg)
+        whole, whole_stats = core.token_policy_loss(new, old, adv, ref=ref, **kwargs)
+        parts = [core.token_policy_loss(core.TokenLogprobs(new.logprobs[rows], mask[rows]), old[rows], adv[rows],
+                                        ref=ref[rows], totals=totals, **kwargs) for rows in ([0, 2], [1], [3])]
+        assert float(sum(p[0] for p in parts)) == pytest.approx(float(whole), abs=1e-6)
+        assert sum(p[1].clipfrac for p in parts) == pytest.approx(whole_stats.clipfrac, abs=1e-6)
+    whole, _ = core.sequence_policy_loss(new, old, adv[:, 0], clip_low=0.2, clip_high=0.2, ref=ref, kl_coef=0.1)
+    parts = [core.sequence_policy_loss(core.TokenLogprobs(new.logprobs[rows], mask[rows]), old[rows], adv[rows, 0],
+                                       clip_low=0.2, clip_high=0.2, ref=ref[rows], kl_coef=0.1, totals=totals)[0]
+             for rows in ([0], [1, 2, 3])]
+    assert float(sum(parts)) == pytest.approx(float(whole), abs=1e-6)

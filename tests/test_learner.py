@@ -48,7 +48,7 @@ def _make_learner(tiny, lora, value, lr):
         reference=reference,
         value_model=value_model,
         value_optimizer=value_optimizer,
-        forward_batch_size=3,
+        max_tokens_per_microbatch=40,
     )
     return learner, model
 
@@ -63,7 +63,7 @@ def test_logprobs_equal_teacher_forced_scoring_and_carry_grad(make_learner):
     assert out.logprobs.requires_grad
     assert torch.equal(out.mask, mask)
     torch.testing.assert_close(out.logprobs.detach(), expected, atol=1e-5, rtol=0)
-    # The no-grad path runs in pieces of forward_batch_size and gives the same numbers.
+    # The no-grad path runs in micro-batches of at most 40 tokens and gives the same numbers.
     frozen = learner.logprobs(samples, grad=False)
     assert not frozen.logprobs.requires_grad
     torch.testing.assert_close(frozen.logprobs, expected, atol=1e-5, rtol=0)

@@ -31,7 +31,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     learner = LLMLearner(accelerator, model, optimizer, pad_token_id=tokenizer.pad_token_id, reference=reference,
-                         forward_batch_size=2)
+                         max_tokens_per_microbatch=24)
     # 3 tasks x 2 rollouts, up to 3 turns: pools of odd sizes, so some minibatch shares are empty.
     batch = synthetic_batch(num_tasks=3, group_size=2, max_turns=3, seed=1)
     algorithm = make_algorithm(algorithm_name, {"minibatch_size": 3, "epochs": 2})

@@ -44,7 +44,10 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
     gradient_checkpointing: bool = False
-    # Samples per forward pass for the no-grad passes (old / reference logprobs); bounds memory.
+    # Tokens per forward (and per backward) of the learner: bounds activation memory whatever the
+    # minibatch size (gradients accumulate over micro-batches). A longer single sequence still runs alone.
+    max_tokens_per_microbatch: int = 8192
+    # Deprecated and ignored (superseded by max_tokens_per_microbatch); kept so old configs load.
     forward_batch_size: int = 8
 
 
@@ -327,7 +330,7 @@ def _check_values(config: Config) -> None:
     positive("sampling.max_new_tokens", config.sampling.max_new_tokens)
     positive("env.num_envs", config.env.num_envs)
     positive("env.max_context_tokens", config.env.max_context_tokens)
-    positive("model.forward_batch_size", config.model.forward_batch_size)
+    positive("model.max_tokens_per_microbatch", config.model.max_tokens_per_microbatch)
     non_negative("sampling.temperature", config.sampling.temperature)
     non_negative("train.eval_every", config.train.eval_every)
     non_negative("train.save_every", config.train.save_every)

@@ -1,27 +1,52 @@
 """The LLM learner: `base.Learner` over a Hugging Face causal LM, driven by accelerate.
 
-Algorithms see the whole step's batch on every process (the trainer gathers it), so their
-control flow, their batch-level statistics (advantage normalization over the batch, T_max,
-SeeUPO's M factors) and the number of optimizer steps are identical everywhere. The forward
-work is what gets split: each call scores a contiguous share of the samples on each process
-and all-gathers the detached results, and this process's rows are spliced back in with their
-autograd graph. The loss is then the same number on every process, and the gradient of each
-process covers its own rows; DDP averages over processes, so `optimize` scales the loss by
-the number of processes to get the sum, i.e. exactly the single-process gradient.
+Packing. The samples of a call are merged per trajectory into token sequences
+(`scoring.pack_sequences`): when a trajectory's turn contexts extend each other, one sequence
+(its longest context + response) scores every turn's response, so a frozen pass or a gradient
+pass over whole trajectories feeds each token once. A context that was rebuilt (e.g. earlier
+reasoning dropped) starts a new sequence, scored on its own.
+
+Micro-batches. Sequences are cut into micro-batches of at most `max_tokens_per_microbatch`
+tokens, each run as one packed row (position ids restart per sequence, attention stays inside
+each sequence) and, in `minimize`, backpropagated at once with its share of the minibatch
+loss; one optimizer step follows the last. Peak memory follows the budget, not the minibatch.
+On CPU long sequences are not packed together (a packed row has a dense block mask and loses
+sdpa's causal fast path): a sequence of `PER_ROW_MIN_TOKENS` or more is a micro-batch alone.
+A single sequence longer than the budget is a micro-batch alone too.
+
+Processes. Every process holds the whole batch (the trainer gathers it), so every process
+computes the same plan: sequences are dealt to processes longest first to the least loaded
+(by tokens), then cut into micro-batches, and every process runs the largest count, padding
+with a one-token dummy forward (and a zero backward) so that collectives (DDP's gradient
+all-reduce, FSDP's all-gathers) match. Frozen passes all-gather their results; the gradients of
+a step are summed over processes, so each process scales its shares by the number of
+processes (DDP and FSDP average).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from typing import Callable, Sequence
+from collections import Counter
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from seeupo_gym.agents.scoring import pad_batch, response_logprobs
-from seeupo_gym.algorithms.base import TokenLogprobs
+from seeupo_gym.agents.scoring import (
+    LOGIT_CHUNK,
+    PER_ROW_MIN_TOKENS,
+    PackedSequence,
+    pack_sequences,
+    packed_logprobs,
+    packed_row,
+)
+from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs, loss_share
 from seeupo_gym.algorithms.rollout import TurnSample
+
+# One forward of `sequences` -> flat scores of their spans (see `packed_logprobs`).
+RowScorer = Callable[[Sequence[PackedSequence]], torch.Tensor]
 
 
 class ValueModel(nn.Module):
@@ -35,9 +60,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        return self.head(out.last_hidden_state).squeeze(-1).float()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Values at the row positions `index` of one packed row (position ids restart per sequence)."""
+        out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        return self.head(out.last_hidden_state[0, index]).squeeze(-1).float()
 
 
 def lm_backbone(model: nn.Module) -> nn.Module:
@@ -50,11 +76,46 @@ def lm_backbone(model: nn.Module) -> nn.Module:
     raise TypeError(f"cannot find the transformer backbone of {type(inner).__name__} for the value model")
 
 
+def plan_microbatches(lengths: Sequence[int], budget: int, processes: int, pack_limit: int | None = None) -> list[list[list[int]]]:
+    """Deal sequences (by their token counts) to processes and cut each share into micro-batches.
+
+    Returns plan[process][k] = the sequence indices of micro-batch k; every process gets the same
+    number of micro-batches (trailing ones may be empty). Longest first to the least-loaded process
+    balances tokens; first-fit keeps each micro-batch under `budget` tokens, or under `pack_limit`
+    for sequences packed together (a longer sequence is a micro-batch alone).
+    """
+    pack_limit = budget if pack_limit is None else min(pack_limit, budget)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    loads, shares = [0] * processes, [[] for _ in range(processes)]
+    for i in order:
+        p = min(range(processes), key=lambda q: (loads[q], q))
+        shares[p].append(i)
+        loads[p] += lengths[i]
+    plan = []
+    for share in shares:
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in share:
+            fits = next((b for b in range(len(bins)) if lengths[i] <= room[b]), None)
+            if fits is None:
+                bins.append([i])
+                room.append(pack_limit - lengths[i] if lengths[i] < pack_limit else -1)
+            else:
+                bins[fits].append(i)
+                room[fits] -= lengths[i]
+        plan.append(bins)
+    count = max(len(bins) for bins in plan)
+    return [bins + [[] for _ in range(count - len(bins))] for bins in plan]
+
+
 class LLMLearner:
     """Implements `algorithms.base.Learner` for the trainer's (accelerate-prepared) model.
 
     model: the prepared policy. reference: a frozen copy for full fine-tuning, or None when the
     policy is a peft model (the reference is then the base with the adapter disabled).
+    max_tokens_per_microbatch: tokens fed per forward (and per backward); bounds activation memory.
+    pack_limit: pack sequences into one row only up to this many tokens (None: the budget on GPU,
+    `PER_ROW_MIN_TOKENS` on CPU, see the module doc).
     """
 
     def __init__(
@@ -68,8 +129,12 @@ class LLMLearner:
         value_model: nn.Module | None = None,
         value_optimizer: torch.optim.Optimizer | None = None,
         max_grad_norm: float = 1.0,
-        forward_batch_size: int = 8,
+        max_tokens_per_microbatch: int = 8192,
+        pack_limit: int | None = None,
+        logit_chunk: int = LOGIT_CHUNK,
     ) -> None:
+        if max_tokens_per_microbatch < 1:
+            raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {max_tokens_per_microbatch}")
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -78,51 +143,251 @@ class LLMLearner:
         self.value_model = value_model
         self.value_optimizer = value_optimizer
         self.max_grad_norm = max_grad_norm
-        self.forward_batch_size = forward_batch_size
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        if pack_limit is None:
+            pack_limit = max_tokens_per_microbatch if accelerator.device.type == "cuda" else PER_ROW_MIN_TOKENS
+        self.pack_limit = pack_limit
+        self.logit_chunk = logit_chunk
+        # Tokens this process fed to each model ("policy", "reference", "value"), dummies excluded.
+        self.tokens_fed: Counter[str] = Counter()
+        # Two pad tokens, the second scored: the forward that keeps processes in step.
+        self._dummy = [PackedSequence([pad_token_id, pad_token_id], [(0, 1, 1)])]
         if reference is None and not hasattr(accelerator.unwrap_model(model), "disable_adapter"):
             raise ValueError("full fine-tuning needs a frozen reference model (pass `reference=`)")
 
     # ------------------------------------------------------------------ Learner protocol
 
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
-        model = self.model if grad else self.accelerator.unwrap_model(self.model)
-        return self._sharded(samples, lambda part: self._score(model, part, grad), grad)
+        if grad:
+            # The simple path: one graph over every sample, computed whole on every process.
+            rows = self._local_rows(samples, self._scorer(self.model, "policy"))
+            return self._as_tokens(samples, rows)
+        return self._frozen(samples, self._scorer(self.accelerator.unwrap_model(self.model), "policy"))
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
         if self.reference is not None:
-            return self._sharded(samples, lambda part: self._score(self.reference, part, False), False)
+            return self._frozen(samples, self._scorer(self.reference, "reference"))
         policy = self.accelerator.unwrap_model(self.model)
         with policy.disable_adapter():
-            return self._sharded(samples, lambda part: self._score(policy, part, False), False)
+            return self._frozen(samples, self._scorer(policy, "reference"))
 
     def values(self, samples: Sequence[TurnSample]) -> torch.Tensor:
         if self.value_model is None:
             raise RuntimeError("this run has no value model; the algorithm must set needs_value_model = True")
-        return self._sharded(samples, self._value, True).logprobs
+        if torch.is_grad_enabled():
+            return self._as_tokens(samples, self._local_rows(samples, self._value_scorer(self.value_model))).logprobs
+        return self._frozen(samples, self._value_scorer(self.accelerator.unwrap_model(self.value_model))).logprobs
+
+    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+        samples = list(samples)
+        if values and self.value_model is None:
+            raise RuntimeError("this run has no value model; the algorithm must set needs_value_model = True")
+        world = self.accelerator.num_processes
+        sequences = self._pack(samples)
+        plan = self._plan(sequences)[self.accelerator.process_index]
+        policy, critic = self._scorer(self.model, "policy"), self._value_scorer(self.value_model) if values else None
+        stats: Counter[str] = Counter()
+        finite = True
+        for k, micro in enumerate(plan):
+            last = k == len(plan) - 1
+            with self._no_sync(not last):
+                if not micro:
+                    self._dummy_backward(policy, critic)
+                    continue
+                part_sequences = [sequences[i] for i in micro]
+                indices = [i for sequence in part_sequences for i, _, _ in sequence.spans]
+                part = [samples[i] for i in indices]
+                new = self._as_tokens(part, self._split(part_sequences, policy(part_sequences), indices))
+                value_rows = None
+                if critic is not None:
+                    value_rows = self._as_tokens(part, self._split(part_sequences, critic(part_sequences), indices)).logprobs
+                share, part_stats = loss_share(loss(part, new, value_rows))
+                if share.dim() != 0:
+                    raise ValueError(f"a MicroLoss must return a scalar share, got shape {tuple(share.shape)}")
+                finite = finite and bool(torch.isfinite(share.detach()))
+                # DDP and FSDP average gradients over processes; the step needs their sum.
+                self.accelerator.backward(share * world)
+                stats.update(part_stats)
+        stats, finite = self._reduce_stats(stats, finite)
+        return {**stats, **self._step(finite)}
 
     def optimize(self, loss: torch.Tensor) -> dict[str, float]:
         if loss.dim() != 0:
             raise ValueError(f"optimize expects a scalar loss, got shape {tuple(loss.shape)}")
-        optimizers = [self.optimizer] + ([self.value_optimizer] if self.value_optimizer is not None else [])
         if not torch.isfinite(loss):
-            # Same value on every process (see module doc), so all of them skip together.
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
+            # Same value on every process (each computed the whole loss), so all of them skip together.
+            self._zero_grad()
             return {"skipped_nonfinite": 1.0}
-        self.accelerator.backward(loss * self.accelerator.num_processes)
+        self.accelerator.backward(loss)
+        return self._step(True)
+
+    # ------------------------------------------------------------------ packing and planning
+
+    def _pack(self, samples: Sequence[TurnSample]) -> list[PackedSequence]:
+        # Turns in order within each trajectory, so that later turns extend earlier ones.
+        order = sorted(range(len(samples)), key=lambda i: (samples[i].rollout_id, samples[i].t))
+        sequences = pack_sequences(
+            [samples[i].rollout_id for i in order],
+            [samples[i].turn.context_ids for i in order],
+            [samples[i].turn.response_ids for i in order],
+        )
+        for sequence in sequences:
+            sequence.spans = [(order[i], start, length) for i, start, length in sequence.spans]
+        return sequences
+
+    def _plan(self, sequences: Sequence[PackedSequence]) -> list[list[list[int]]]:
+        lengths = [len(s.tokens) for s in sequences]
+        return plan_microbatches(lengths, self.max_tokens_per_microbatch, self.accelerator.num_processes, self.pack_limit)
+
+    # ------------------------------------------------------------------ forwards
+
+    def _scorer(self, model: nn.Module, name: str) -> RowScorer:
+        def score(sequences: Sequence[PackedSequence]) -> torch.Tensor:
+            if sequences is not self._dummy:
+                self.tokens_fed[name] += sum(len(s.tokens) for s in sequences)
+            return packed_logprobs(model, sequences, chunk=self.logit_chunk)
+
+        return score
+
+    def _value_scorer(self, model: nn.Module | None) -> RowScorer | None:
+        if model is None:
+            return None
+
+        def score(sequences: Sequence[PackedSequence]) -> torch.Tensor:
+            if sequences is not self._dummy:
+                self.tokens_fed["value"] += sum(len(s.tokens) for s in sequences)
+            input_ids, position_ids, index, _ = packed_row(sequences)
+            device = self.accelerator.device
+            return model(input_ids.to(device), position_ids.to(device), index.to(device))
+
+        return score
+
+    def _dummy_backward(self, policy: RowScorer, critic: RowScorer | None) -> None:
+        # A token's score times 0: the collectives of a real micro-batch, no gradient.
+        total = policy(self._dummy).sum() * 0.0
+        if critic is not None:
+            total = total + critic(self._dummy).sum() * 0.0
+        self.accelerator.backward(total)
+
+    def _split(
+        self, sequences: Sequence[PackedSequence], flat: torch.Tensor, indices: Sequence[int] | None = None
+    ) -> dict[int, torch.Tensor]:
+        """Flat span scores -> {sample index: its response-token row}; with `indices`, keyed by position
+        in `indices` instead (a micro-batch's own numbering)."""
+        spans = [span for sequence in sequences for span in sequence.spans]
+        rows = torch.split(flat, [length for _, _, length in spans])
+        by_sample = {i: row for (i, _, _), row in zip(spans, rows)}
+        return by_sample if indices is None else {j: by_sample[i] for j, i in enumerate(indices)}
+
+    def _local_rows(self, samples: Sequence[TurnSample], score: RowScorer) -> dict[int, torch.Tensor]:
+        sequences = self._pack(samples)
+        out: dict[int, torch.Tensor] = {}
+        for micro in self._plan_local(sequences):
+            part = [sequences[i] for i in micro]
+            out.update(self._split(part, score(part)))
+        return out
+
+    def _plan_local(self, sequences: Sequence[PackedSequence]) -> list[list[int]]:
+        lengths = [len(s.tokens) for s in sequences]
+        return [m for m in plan_microbatches(lengths, self.max_tokens_per_microbatch, 1, self.pack_limit)[0] if m]
+
+    def _frozen(self, samples: Sequence[TurnSample], score: RowScorer) -> TokenLogprobs:
+        """A no-grad pass: this process scores its share of the plan, then everyone gathers everything."""
+        samples = list(samples)
+        sequences = self._pack(samples)
+        plans = self._plan(sequences)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        rows: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for micro in plans[rank]:
+                if micro:
+                    part = [sequences[i] for i in micro]
+                    rows.update(self._split(part, score(part).float()))
+                elif world > 1:
+                    score(self._dummy)  # keeps FSDP's all-gathers in step
+        if world > 1:
+            rows = self._gather_rows(sequences, plans, rows)
+        return self._as_tokens(samples, rows)
+
+    def _gather_rows(self, sequences, plans, mine: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        device = self.accelerator.device
+
+        def spans_of(p: int) -> list[tuple[int, int, int]]:
+            return [span for micro in plans[p] for i in micro for span in sequences[i].spans]
+
+        sizes = [sum(length for _, _, length in spans_of(p)) for p in range(len(plans))]
+        width = max(max(sizes), 1)
+        rank = self.accelerator.process_index
+        flat = torch.zeros(width, device=device)
+        local = [mine[i] for i, _, _ in spans_of(rank)]
+        if local:
+            joined = torch.cat(local)
+            flat[: joined.numel()] = joined
+        gathered = self.accelerator.gather(flat).view(len(plans), width)
+        rows: dict[int, torch.Tensor] = {}
+        for p in range(len(plans)):
+            spans = spans_of(p)
+            pieces = torch.split(gathered[p, : sizes[p]], [length for _, _, length in spans])
+            rows.update({i: piece for (i, _, _), piece in zip(spans, pieces)})
+        return rows
+
+    def _as_tokens(self, samples: Sequence[TurnSample], rows: dict[int, torch.Tensor]) -> TokenLogprobs:
+        """Rows by sample index -> right-padded [n, L] in `samples`' order (the autograd graph kept)."""
+        device = self.accelerator.device
+        lengths = [s.turn.num_response_tokens for s in samples]
+        width = max(lengths, default=0)
+        mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device, dtype=torch.long)[:, None]
+        if not samples or width == 0:
+            return TokenLogprobs(torch.zeros((len(samples), width), device=device), mask)
+        ordered = [rows[i] if lengths[i] else torch.zeros(0, device=device) for i in range(len(samples))]
+        padded = nn.utils.rnn.pad_sequence(ordered, batch_first=True)
+        if padded.shape[1] < width:
+            padded = nn.functional.pad(padded, (0, width - padded.shape[1]))
+        return TokenLogprobs(padded, mask)
+
+    # ------------------------------------------------------------------ the step
+
+    def _no_sync(self, skip: bool):
+        if not skip or self.accelerator.num_processes == 1:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for module in self._trained():
+            stack.enter_context(self.accelerator.no_sync(module))
+        return stack
+
+    def _trained(self) -> Iterator[nn.Module]:
+        yield self.model
+        if self.value_model is not None:
+            yield self.value_model
+
+    def _reduce_stats(self, stats: Counter[str], finite: bool) -> tuple[dict[str, float], bool]:
+        if self.accelerator.num_processes == 1:
+            return dict(stats), finite
+        from accelerate.utils import gather_object
+
+        everyone = gather_object([(dict(stats), finite)])
+        total: Counter[str] = Counter()
+        for part, _ in everyone:
+            total.update(part)
+        return dict(total), all(ok for _, ok in everyone)
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.value_optimizer is not None:
+            self.value_optimizer.zero_grad(set_to_none=True)
+
+    def _step(self, finite: bool) -> dict[str, float]:
         metrics = {"grad_norm": self._clip(self.model)}
         if self.value_model is not None:
             metrics["value_grad_norm"] = self._clip(self.value_model)
-        if not all(math.isfinite(v) for v in metrics.values()):
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
+        if not finite or not all(math.isfinite(v) for v in metrics.values()):
+            self._zero_grad()
             return {**metrics, "skipped_nonfinite": 1.0}
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        for optimizer in (self.optimizer, self.value_optimizer):
+            if optimizer is not None:
+                optimizer.step()
+        self._zero_grad()
         return metrics
-
-    # ------------------------------------------------------------------ helpers
 
     def _clip(self, model: nn.Module) -> float:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -132,83 +397,6 @@ class LLMLearner:
             grads = [p.grad.detach().norm() for p in params if p.grad is not None]
             norm = torch.stack(grads).norm() if grads else torch.zeros(())
         return float(norm)
-
-    def _score(self, model: nn.Module, samples: Sequence[TurnSample], grad: bool) -> torch.Tensor:
-        logprobs, _ = response_logprobs(
-            model,
-            [s.turn.context_ids for s in samples],
-            [s.turn.response_ids for s in samples],
-            pad_token_id=self.pad_token_id,
-            grad=grad,
-        )
-        return logprobs
-
-    def _value(self, samples: Sequence[TurnSample]) -> torch.Tensor:
-        input_ids, attention_mask, position_ids, width = pad_batch(
-            [s.turn.context_ids for s in samples], [s.turn.response_ids for s in samples], self.pad_token_id
-        )
-        device = self.accelerator.device
-        values = self.value_model(input_ids.to(device), attention_mask.to(device), position_ids.to(device))
-        if width == 0:
-            return values[:, :0]
-        # The state before response token j is the column that predicts it (C - 1 + j).
-        values = values[:, -(width + 1) : -1]
-        return values.masked_fill(~attention_mask[:, -width:].bool().to(device), 0.0)
-
-    def _sharded(
-        self, samples: Sequence[TurnSample], compute: Callable[[Sequence[TurnSample]], torch.Tensor], grad: bool
-    ) -> TokenLogprobs:
-        samples = list(samples)
-        n = len(samples)
-        device = self.accelerator.device
-        width = max((len(s.turn.response_ids) for s in samples), default=0)
-        mask = torch.zeros((n, width), dtype=torch.bool, device=device)
-        for i, sample in enumerate(samples):
-            mask[i, : len(sample.turn.response_ids)] = True
-        if n == 0:
-            return TokenLogprobs(torch.zeros((0, 0), device=device), mask)
-
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        share = math.ceil(n / world)
-        start, end = min(rank * share, n), min((rank + 1) * share, n)
-        mine = samples[start:end]
-        anchor = None
-        with torch.set_grad_enabled(grad):
-            local = self._compute_in_pieces(mine, compute, grad, width)
-            if not mine and grad:
-                # No rows here, but DDP's backward needs every process to have used the model.
-                anchor = 0.0 * compute(samples[:1]).sum()
-        if world == 1:
-            return TokenLogprobs(local, mask)
-
-        padded = torch.zeros((share, width), dtype=torch.float32, device=device)
-        padded[: end - start] = local.detach()
-        gathered = self.accelerator.gather(padded)[:n]
-        if not grad:
-            return TokenLogprobs(gathered, mask)
-        merged = torch.cat([gathered[:start], local, gathered[end:]], dim=0)
-        if anchor is not None:
-            merged = merged + anchor
-        return TokenLogprobs(merged, mask)
-
-    def _compute_in_pieces(
-        self, samples: Sequence[TurnSample], compute: Callable[[Sequence[TurnSample]], torch.Tensor], grad: bool, width: int
-    ) -> torch.Tensor:
-        device = self.accelerator.device
-        if not samples:
-            return torch.zeros((0, width), device=device)
-        if grad or len(samples) <= self.forward_batch_size:
-            # With grad: one forward, a single graph for one backward.
-            part = compute(samples)
-            return nn.functional.pad(part.float(), (0, width - part.shape[1]))
-        # Without grad: bounded pieces of similar length, so little compute goes into padding.
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].turn.context_ids) + len(samples[i].turn.response_ids))
-        out = torch.zeros((len(samples), width), device=device)
-        for k in range(0, len(order), self.forward_batch_size):
-            rows = order[k : k + self.forward_batch_size]
-            part = compute([samples[i] for i in rows]).float()
-            out[torch.tensor(rows, device=device), : part.shape[1]] = part
-        return out
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

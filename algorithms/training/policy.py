@@ -62,7 +62,7 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
         value_model=value_model,
         value_optimizer=value_optimizer,
         max_grad_norm=cfg.optim.max_grad_norm,
-        forward_batch_size=cfg.model.forward_batch_size,
+        max_tokens_per_microbatch=cfg.model.max_tokens_per_microbatch,
     )
     return Policy(model, tokenizer, optimizer, value_model, value_optimizer, learner)
 
