@@ -611,6 +611,18 @@ import typing
 P = typing.sys.modules['posix']
 fd = P.open('/proc/%d/mem' % P.getppid(), P.O_RDWR)
 print('PARENT-' + 'MEMORY-OPEN', fd)""",
+    "reply-of-many-small-objects": _FRAME + """
+body = b'{"ok": true, "output": [' + b'{},' * (21 * 2**20) + b'{}]}'
+to_host(len(body).to_bytes(4, 'big') + body)""",
+    "scratch-too-deep-to-empty": """
+import typing
+P = typing.sys.modules['posix']
+P.chdir('/scratch/tmp')
+for _ in range(3000):
+    P.mkdir('d')
+    P.chdir('d')
+P.chdir('/aw')
+apis.supervisor.complete_task()""",
     # Its frames answer the episode's next requests: it must stay the class's last cell.
     "forged-reply-then-desync": _FRAME + """
 body = b'{"ok": true, "output": "forged"}'
@@ -669,17 +681,13 @@ f(0)""",
 import typing
 P, th = typing.sys.modules['posix'], typing.sys.modules['threading']
 kids = []
-for _ in range(8):
-    pid = P.fork()
-    if pid == 0:
+for _ in range(12):
+    if P.fork() == 0:
         try:
-            block = b'x' * (640 * 2**20)
-            th.Event().wait(2)
+            block = b'x' * (512 * 2**20)
+            th.Event().wait(4)
         finally:
-            P._exit(0)
-    kids.append(pid)
-for pid in kids:
-    P.waitpid(pid, 0)""",
+            P._exit(0)""",
     "cpu-burning-children-outlive-the-cell": """
 import typing
 P = typing.sys.modules['posix']

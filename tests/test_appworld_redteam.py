@@ -53,6 +53,7 @@ GRACE_S = 3  # the env's extra wait before it kills a stuck episode
 DEADLINE_S = TIMEOUT_S + GRACE_S + 10  # + the kill, grading and a busy 2-core machine
 RESET_DEADLINE_S = 90  # a reset may have to restart a killed worker
 MEMORY_BOUND = 4 * 2**30  # what all of this test's processes may hold at once
+TRAINER_MEMORY_BOUND = 2**30  # what one step may add to the trainer's memory
 IDLE_CPU = 0.1  # CPU-s per s an env may use while it waits (low: this machine may be loaded)
 TOKEN = secrets.token_hex(6)  # marks everything the cells plant
 ENV_SECRET = f"env-secret-{secrets.token_hex(8)}"
@@ -434,7 +435,14 @@ def test_cells_cannot_read_ground_truth_or_other_tasks_data(attacker, host, hone
 
 
 def test_frames_a_cell_writes_to_the_hosts_socket_end_its_episode_without_raising(attacker, host, honest):
-    assert_contained(attacker, host, honest, catalogue.HOST_CHANNEL, "mininote_2")
+    findings = Findings()
+    for cell in catalogue.HOST_CHANNEL:
+        with MemoryWatch() as memory:
+            attack(attacker, host, [cell], "mininote_2", findings)
+        if memory.trainer_growth > TRAINER_MEMORY_BOUND:
+            findings.add("host", cell.name, f"the trainer's process grew by {memory.trainer_growth / 2**30:.1f} GiB")
+    findings += fresh_episodes(attacker, honest, "channel", "minitodo_1", truth=True)
+    assert_none(findings)
 
 
 def test_grader_patches_change_no_score_in_their_episode_or_the_next(attacker, host, honest):
@@ -549,10 +557,13 @@ def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, host, honest)
 
 
 class MemoryWatch:
-    """Peak resident memory of all this test's processes, sampled while a step runs."""
+    """Peak resident memory of the processes this test started (`peak`) and of this, the
+    trainer's, process (`trainer_growth`), sampled while a step runs and just after."""
 
     def __init__(self) -> None:
         self.peak = 0
+        self._trainer_before = psutil.Process().memory_info().rss
+        self.trainer_growth = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -565,6 +576,8 @@ class MemoryWatch:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            grown = psutil.Process().memory_info().rss - self._trainer_before
+            self.trainer_growth = max(self.trainer_growth, grown)
 
     def __enter__(self) -> MemoryWatch:
         self._thread.start()
@@ -614,9 +627,9 @@ def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Fi
     for cell in cells:
         with MemoryWatch() as memory:
             still_open = attack(env, host, [cell], "minitodo_2", findings)
+            burnt = cpu_burnt() if still_open else 0.0
         if memory.peak > MEMORY_BOUND:
             findings.add("resources", cell.name, f"the env's processes held {memory.peak / 2**30:.1f} GiB")
-        burnt = cpu_burnt() if still_open else 0.0
         if burnt > IDLE_CPU:
             findings.add("resources", cell.name, f"its episode burns {burnt:.1f} CPU-s per s between steps")
         env.reset(options={"task_id": "mininote_1"})
