@@ -305,8 +305,46 @@ def make_env(**kwargs: object) -> gym.Env:
     return gym.make("seeupo/AppWorld-v0", **{**options, **kwargs})
 
 
+VICTIM_TASK = "minivenmo_1"
+
+
+class Victim:
+    """A second env, mid-episode on VICTIM_TASK: the cross-env test attacks it. Its server
+    starts in the background while the other tests run (start-up takes seconds)."""
+
+    def __init__(self) -> None:
+        self.env = make_env()
+        self.info: dict = {}
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.info = self.env.reset(options={"task_id": VICTIM_TASK})[1]
+        except BaseException as error:  # noqa: BLE001  reported by the test that needs it
+            self.error = error
+
+    def ready(self) -> dict:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.info
+
+    def close(self) -> None:
+        self._thread.join()
+        self.env.close()
+
+
 @pytest.fixture(scope="module")
-def attacker(host: Host) -> Iterator[gym.Env]:
+def victim(host: Host) -> Iterator[Victim]:
+    other = Victim()
+    yield other
+    other.close()
+
+
+@pytest.fixture(scope="module")
+def attacker(host: Host, victim: Victim) -> Iterator[gym.Env]:
     env = make_env()
     yield env
     env.close()
@@ -526,30 +564,26 @@ def cross_effects(processes: list[psutil.Process], nice: dict[int, int]) -> list
     return found
 
 
-def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, host, honest):
-    victim_task, findings = "minivenmo_1", Findings()
-    victim = make_env()
-    try:
-        _, info = victim.reset(options={"task_id": victim_task})
-        for cell in catalogue.CROSS_ENV:
-            processes = victim_processes(info)
-            nice = {p.pid: p.nice() for p in processes}
-            ports, paths = endpoints(processes)
-            values = {"victim_pids": [p.pid for p in our_processes()], "victim_ports": ports,
-                      "victim_unix": paths, "victim_task": victim_task}
-            attack(attacker, host, [cell], "mininote_3", findings, **values)
-            effects = cross_effects(processes, nice)
-            for effect in effects:
-                findings.add("cross-env", cell.name, effect)
-            if effects:  # start the other env afresh so the next cell is judged on its own
-                _, info = victim.reset(options={"task_id": victim_task})
-        # The other env's episode goes on as if nothing happened.
-        _, reward, terminated, _, info = victim.step(render_action(solution(victim_task)))
-        if (reward, terminated, info["termination_reason"]) != (1.0, True, "completed"):
-            findings.add("cross-env", "cross-env", f"the other env's ground truth then scored {reward}: {info['termination_reason']}")
-        findings += fresh_episodes(victim, honest, "cross-env (the other env)", "minitodo_1")
-    finally:
-        victim.close()
+def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, victim, host, honest):
+    findings = Findings()
+    info = victim.ready()
+    for cell in catalogue.CROSS_ENV:
+        processes = victim_processes(info)
+        nice = {p.pid: p.nice() for p in processes}
+        ports, paths = endpoints(processes)
+        values = {"victim_pids": [p.pid for p in our_processes()], "victim_ports": ports,
+                  "victim_unix": paths, "victim_task": VICTIM_TASK}
+        attack(attacker, host, [cell], "mininote_3", findings, **values)
+        effects = cross_effects(processes, nice)
+        for effect in effects:
+            findings.add("cross-env", cell.name, effect)
+        if effects:  # start the other env afresh so the next cell is judged on its own
+            _, info = victim.env.reset(options={"task_id": VICTIM_TASK})
+    # The other env's episode goes on as if nothing happened.
+    _, reward, terminated, _, info = victim.env.step(render_action(solution(VICTIM_TASK)))
+    if (reward, terminated, info["termination_reason"]) != (1.0, True, "completed"):
+        findings.add("cross-env", "cross-env", f"the other env's ground truth then scored {reward}: {info['termination_reason']}")
+    findings += fresh_episodes(victim.env, honest, "cross-env (the other env)", "minitodo_1")
     assert_none(findings)
 
 
@@ -615,9 +649,6 @@ def leftovers(cell: str) -> list[str]:
     threads = sum(p.num_threads() for p in our_processes() if p.is_running())
     if threads > 200:
         found.append(f"resources: {cell}: {threads} threads outlive the episode")
-    burnt = cpu_burnt()
-    if burnt > IDLE_CPU:
-        found.append(f"resources: {cell}: the env's processes burn {burnt:.1f} CPU-s per s after the episode")
     return found
 
 
@@ -628,12 +659,16 @@ def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Fi
         with MemoryWatch() as memory:
             still_open = attack(env, host, [cell], "minitodo_2", findings)
             burnt = cpu_burnt() if still_open else 0.0
+        log(cell.name, f"(peak memory {memory.peak / 2**30:.2f} GiB, CPU between steps {burnt:.2f})", 0.0)
         if memory.peak > MEMORY_BOUND:
             findings.add("resources", cell.name, f"the env's processes held {memory.peak / 2**30:.1f} GiB")
         if burnt > IDLE_CPU:
             findings.add("resources", cell.name, f"its episode burns {burnt:.1f} CPU-s per s between steps")
         env.reset(options={"task_id": "mininote_1"})
         findings += leftovers(cell.name)
+    burnt = cpu_burnt()
+    if burnt > IDLE_CPU:
+        findings.add("resources", cells[-1].name.split(".")[0], f"the env burns {burnt:.1f} CPU-s per s once its episodes are over")
 
 
 def test_resource_exhaustion_is_bounded_and_ends_with_the_step(attacker, host, honest):
