@@ -133,7 +133,10 @@ def bench_env_step(data_dir: Path, task_id: str, n: int) -> dict[str, list[float
 
 
 def bench_in_process(python: Path, data_dir: Path, task_id: str, n: int) -> dict[str, list[float]]:
-    with tempfile.TemporaryDirectory(prefix="seeupo-appworld-bench-") as root:
+    # AppWorld saves the world's DB changes after every execute; the sandbox saves them to its
+    # tmpfs scratch, so the in-process run gets a RAM-backed root too.
+    ram = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="seeupo-appworld-bench-", dir=ram) as root:
         (Path(root) / "data").symlink_to(data_dir, target_is_directory=True)
         env = {"APPWORLD_ROOT": root, "IPYTHONDIR": str(Path(root) / ".ipython"), "HOME": str(Path.home()), "PATH": "/usr/bin:/bin"}
         done = subprocess.run(

@@ -145,16 +145,17 @@ class _Worker:
             raise ServerDied(f"the AppWorld {self.script} worker broke the connection ({error}); killed it") from error
 
     def kill(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        """SIGKILL the worker and wait until every process of its sandbox is gone."""
         process = self._process
         if process is not None and process.poll() is None:
             try:
-                os.killpg(process.pid, 9)  # its own session; the sandbox's PID namespace dies with it
+                os.killpg(process.pid, 9)  # bwrap; its PID namespace, and all in it, dies with it
             except ProcessLookupError:
                 pass
             process.wait()
+        if self._socket is not None:
+            _close_when_peer_gone(self._socket)
+            self._socket = None
         self.ready = False
 
     def _exits_within(self, seconds: float) -> bool:
@@ -271,9 +272,11 @@ class AppWorldServer:
         self.wait_ready()
 
     def kill(self) -> None:
-        self._drop_episode()
         self._cells.kill()
         self._grader.kill()
+        if self._episode is not None:
+            _close_when_peer_gone(self._episode)
+        self._drop_episode()
 
     def shutdown(self) -> None:
         """Kill the workers and delete the server's folder. Only the process that made it does this."""
@@ -388,6 +391,20 @@ class AppWorldServer:
         target.mkdir(parents=True)
         shutil.copy2(source / "specs.json", target / "specs.json")
         shutil.copytree(source / "dbs", target / "dbs", copy_function=_link_or_copy)
+
+
+def _close_when_peer_gone(sock: socket.socket, timeout: float = 5.0) -> None:
+    """Close our end once every process holding the other end has exited (or after `timeout`):
+    a socket reads EOF only then, so this waits for a killed sandbox to be really gone."""
+    deadline = time.monotonic() + timeout
+    try:
+        while (remaining := deadline - time.monotonic()) > 0:
+            sock.settimeout(remaining)
+            if not sock.recv(1 << 16):
+                break
+    except OSError:
+        pass
+    sock.close()
 
 
 def _link_or_copy(source: str, target: str) -> None:
