@@ -30,3 +30,25 @@ def test_pyproject_lists_every_package_folder():
         for init in (root / top).rglob("__init__.py")
     }
     assert found == listed
+
+
+def test_torch_is_a_range_and_the_license_ships():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    torch = next(d for d in project["dependencies"] if re.match(r"torch\s*[<>=]", d))
+    # A pin would refuse to install beside any other torch build (CUDA, a newer release).
+    assert "==" not in torch and ">=" in torch and "<" in torch
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (root / "LICENSE").read_text() and "Version 2.0" in (root / "LICENSE").read_text()
+
+
+def test_presets_ship_with_the_package_and_load_by_name():
+    from seeupo_gym.algorithms.training.config import load_config, presets
+
+    assert {"tiny-cpu", "tiny-turnbandit", "demo"} <= set(presets())
+    config = load_config("tiny-turnbandit")
+    assert config.model.name_or_path == "tiny" and config.env.id == "seeupo/TurnBandit-v0"
