@@ -308,43 +308,8 @@ def make_env(**kwargs: object) -> gym.Env:
 VICTIM_TASK = "minivenmo_1"
 
 
-class Victim:
-    """A second env, mid-episode on VICTIM_TASK: the cross-env test attacks it. Its server
-    starts in the background while the other tests run (start-up takes seconds)."""
-
-    def __init__(self) -> None:
-        self.env = make_env()
-        self.info: dict = {}
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._start, daemon=True)
-        self._thread.start()
-
-    def _start(self) -> None:
-        try:
-            self.info = self.env.reset(options={"task_id": VICTIM_TASK})[1]
-        except BaseException as error:  # noqa: BLE001  reported by the test that needs it
-            self.error = error
-
-    def ready(self) -> dict:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.info
-
-    def close(self) -> None:
-        self._thread.join()
-        self.env.close()
-
-
 @pytest.fixture(scope="module")
-def victim(host: Host) -> Iterator[Victim]:
-    other = Victim()
-    yield other
-    other.close()
-
-
-@pytest.fixture(scope="module")
-def attacker(host: Host, victim: Victim) -> Iterator[gym.Env]:
+def attacker(host: Host) -> Iterator[gym.Env]:
     env = make_env()
     yield env
     env.close()
@@ -397,23 +362,25 @@ def attack(env: gym.Env, host: Host, cells: list[Cell], task_id: str, findings: 
     return not done
 
 
-def complete_alone(env: gym.Env, task_id: str | None = None) -> float | str:
-    """The reward of calling `complete_task()` at once (in a new episode of `task_id` if given),
-    or how that failed."""
+def scored(env: gym.Env, code: str, task_id: str | None) -> float | str:
+    """The reward of `code` (in a new episode of `task_id` if given); how it failed if the
+    episode was not scored."""
     try:
         if task_id is not None:
             env.reset(options={"task_id": task_id})
-        return env.step(render_action(COMPLETE))[1]
+        _, reward, _, _, info = env.step(render_action(code))
     except Exception as error:  # noqa: BLE001
         return f"raised {error!r}"
+    reason = info.get("termination_reason")
+    return reward if reason in ("completed", "max_turns") else f"{reward} ({reason})"
+
+
+def complete_alone(env: gym.Env, task_id: str | None = None) -> float | str:
+    return scored(env, COMPLETE, task_id)
 
 
 def ground_truth(env: gym.Env, task_id: str) -> float | str:
-    try:
-        env.reset(options={"task_id": task_id})
-        return env.step(render_action(solution(task_id)))[1]
-    except Exception as error:  # noqa: BLE001
-        return f"raised {error!r}"
+    return scored(env, solution(task_id), task_id)
 
 
 def fresh_episodes(env: gym.Env, honest: dict[str, float], after: str, task_id: str, truth: bool = False) -> list[str]:
@@ -564,9 +531,21 @@ def cross_effects(processes: list[psutil.Process], nice: dict[int, int]) -> list
     return found
 
 
-def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, victim, host, honest):
+def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, host, honest):
+    # Started here, in the main thread: bwrap's --die-with-parent follows the thread that
+    # started it, so a sandbox started from a thread that then ends dies with it.
     findings = Findings()
-    info = victim.ready()
+    victim = make_env()
+    try:
+        _, info = victim.reset(options={"task_id": VICTIM_TASK})
+        findings += attack_other_env(attacker, host, honest, victim, info)
+    finally:
+        victim.close()
+    assert_none(findings)
+
+
+def attack_other_env(attacker: gym.Env, host: Host, honest: dict[str, float], victim: gym.Env, info: dict) -> Findings:
+    findings = Findings()
     for cell in catalogue.CROSS_ENV:
         processes = victim_processes(info)
         nice = {p.pid: p.nice() for p in processes}
@@ -578,13 +557,13 @@ def test_a_cell_cannot_reach_or_harm_another_envs_server(attacker, victim, host,
         for effect in effects:
             findings.add("cross-env", cell.name, effect)
         if effects:  # start the other env afresh so the next cell is judged on its own
-            _, info = victim.env.reset(options={"task_id": VICTIM_TASK})
+            _, info = victim.reset(options={"task_id": VICTIM_TASK})
     # The other env's episode goes on as if nothing happened.
-    _, reward, terminated, _, info = victim.env.step(render_action(solution(VICTIM_TASK)))
+    _, reward, terminated, _, info = victim.step(render_action(solution(VICTIM_TASK)))
     if (reward, terminated, info["termination_reason"]) != (1.0, True, "completed"):
         findings.add("cross-env", "cross-env", f"the other env's ground truth then scored {reward}: {info['termination_reason']}")
     findings += fresh_episodes(victim.env, honest, "cross-env (the other env)", "minitodo_1")
-    assert_none(findings)
+    return findings
 
 
 # ---------------------------------------------------------------------------- resources
