@@ -562,7 +562,7 @@ def attack_other_env(attacker: gym.Env, host: Host, honest: dict[str, float], vi
     _, reward, terminated, _, info = victim.step(render_action(solution(VICTIM_TASK)))
     if (reward, terminated, info["termination_reason"]) != (1.0, True, "completed"):
         findings.add("cross-env", "cross-env", f"the other env's ground truth then scored {reward}: {info['termination_reason']}")
-    findings += fresh_episodes(victim.env, honest, "cross-env (the other env)", "minitodo_1")
+    findings += fresh_episodes(victim, honest, "cross-env (the other env)", "minitodo_1")
     return findings
 
 
