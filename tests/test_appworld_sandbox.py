@@ -166,6 +166,21 @@ def test_the_grader_scores_the_final_state_not_the_episodes_claims(server):
     assert report["num_tests"] > 0 and not report["success"]
 
 
+def test_model_hashes_written_by_the_episode_cannot_hide_changes_from_the_grader(server):
+    # AppWorld skips tables whose hash did not change; the episode process writes those hashes.
+    server.close_episode(collect=False)
+    probe(server, """
+        passwords = {p['account_name']: p['password'] for p in apis.supervisor.show_account_passwords()}
+        token = apis.phone.login(username='5550100001', password=passwords['phone'])['access_token']
+        apis.phone.create_alarm(access_token=token, time='05:00', label='collateral damage')
+    """, task_id="mininote_2")
+    server.execute(solution("mininote_2"), timeout=30)
+    state = server.close_episode(collect=True)
+    for forged in (state.get("model_hashes.json"), "{}"):  # as saved, and claiming nothing changed
+        report = server.grade("mininote_2", {**state, "model_hashes.json": forged or "{}"})
+        assert [f["requirement"] for f in report["failures"]] == ["assert no model other than simple_note.Note changed."]
+
+
 def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets(pool):
     env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool)
     try:

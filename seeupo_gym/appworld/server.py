@@ -2,7 +2,8 @@
 
 An open AppWorld freezes time for its whole process, allows one world per process and needs
 the main thread for its code timeout, so worlds never run in the caller's process. And model
-code is an adversary (docs/appworld.md), so it runs only in an episode process that is
+code is an adversary (RL finds any route from it to the host or the grader), so it runs
+only in an episode process that is
 - forked per episode from a warm parent that has imported AppWorld but run no model code,
 - inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
   private scratch, only the current task's public files, rlimits, no inherited environment,
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 DIR_PREFIX = "seeupo-appworld-"
 EXPERIMENT = "seeupo"
-_STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.(jsonl|json)")
+_STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.jsonl")
 _LOG_TAIL_CHARS = 2000
 
 
@@ -340,7 +341,7 @@ class AppWorldServer:
         dbs = tasks / task_id / "dbs"
         dbs.mkdir(parents=True)
         for name, text in state.items():
-            if _STATE_FILE.fullmatch(name):
+            if _STATE_FILE.fullmatch(name):  # data only; the grader makes its own model hashes
                 (dbs / name).write_text(text)
         cpu_seconds = max(10, int(timeout))
         return self._grader.request(

@@ -23,7 +23,7 @@ import wire
 
 SCRATCH = os.environ.get("SEEUPO_SCRATCH", "/scratch")
 EXPERIMENT = "seeupo"
-STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.(jsonl|json)")
+STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.jsonl")  # DB changes; hashes are not trusted
 MAX_STATE_BYTES = 48 * 2**20
 
 

@@ -56,41 +56,59 @@ def main() -> None:
 def _evaluate(task_id: str) -> dict:
     from appworld.evaluator import evaluate_task
 
-    _check_state(task_id)
-    _use_task_dbs_as_base(task_id)
+    _use_own_root(task_id)
     tracker = evaluate_task(task_id=task_id, experiment_name=EXPERIMENT, suppress_errors=True, save_report=False)
     return tracker.to_dict()
 
 
-def _use_task_dbs_as_base(task_id: str) -> None:
-    """AppWorld rebuilds the final state as base DBs + the saved changes. Data without
-    `base_dbs` (the offline mini set stores full DBs per task, and the episode's changes are
-    relative to those) gets a root of its own where the task's DBs are the base."""
-    root = os.environ["APPWORLD_ROOT"]
-    if os.path.isdir(os.path.join(root, "data", "base_dbs")):
-        return
+def _use_own_root(task_id: str) -> None:
+    """Point AppWorld at a root of the grader's own, in its scratch, holding:
+    - the task data; where there are no `base_dbs` (the offline mini set stores full DBs per
+      task, and the episode's changes are relative to those) the task's DBs are the base;
+    - the episode's DB changes (`.jsonl`), each line checked to be a data change;
+    - model hashes of its own that match no start hash. AppWorld treats a table whose hash
+      did not change as unchanged; the episode wrote its hashes, so trusting them would let
+      model code hide changes. These force a row by row comparison instead.
+    """
+    given = os.environ["APPWORLD_ROOT"]
     own = os.path.join(os.environ.get("SEEUPO_SCRATCH", "/scratch"), "evaluation-root")
     shutil.rmtree(own, ignore_errors=True)
     os.makedirs(os.path.join(own, "data"))
-    for name in os.listdir(os.path.join(root, "data")):
-        os.symlink(os.path.join(root, "data", name), os.path.join(own, "data", name))
-    os.symlink(os.path.join(root, "data", "tasks", task_id, "dbs"), os.path.join(own, "data", "base_dbs"))
-    os.symlink(os.path.join(root, "experiments"), os.path.join(own, "experiments"))
+    for name in os.listdir(os.path.join(given, "data")):
+        os.symlink(os.path.join(given, "data", name), os.path.join(own, "data", name))
+    if not os.path.isdir(os.path.join(given, "data", "base_dbs")):
+        os.symlink(os.path.join(given, "data", "tasks", task_id, "dbs"), os.path.join(own, "data", "base_dbs"))
+    relative = os.path.join("experiments", "outputs", EXPERIMENT, "tasks", task_id, "dbs")
+    os.makedirs(os.path.join(own, relative))
+    for name in os.listdir(os.path.join(given, relative)):
+        if name.endswith(".jsonl"):
+            _check_changes(os.path.join(given, relative, name))
+            shutil.copyfile(os.path.join(given, relative, name), os.path.join(own, relative, name))
+    with open(os.path.join(own, relative, "model_hashes.json"), "w") as file:
+        json.dump(_unmatched_model_hashes(), file)
     os.environ["APPWORLD_ROOT"] = own
 
 
-def _check_state(task_id: str) -> None:
-    folder = os.path.join(os.environ["APPWORLD_ROOT"], "experiments", "outputs", EXPERIMENT, "tasks", task_id, "dbs")
-    for name in os.listdir(folder):
-        if not name.endswith(".jsonl"):
-            continue
-        with open(os.path.join(folder, name)) as file:
-            for line in file:
-                if not line.strip():
-                    continue
-                statement = json.loads(line)[0]
-                if not (isinstance(statement, str) and statement.lstrip()[:10].upper().startswith(DATA_CHANGES)):
-                    raise ValueError(f"{name} holds a statement that is not a data change: {str(statement)[:80]!r}")
+def _check_changes(path: str) -> None:
+    with open(path) as file:
+        for line in file:
+            if not line.strip():
+                continue
+            statement = json.loads(line)[0]
+            if not (isinstance(statement, str) and statement.lstrip()[:10].upper().startswith(DATA_CHANGES)):
+                raise ValueError(f"{os.path.basename(path)} holds a statement that is not a data change: "
+                                 f"{str(statement)[:80]!r}")
+
+
+def _unmatched_model_hashes() -> dict[str, dict[str, int]]:
+    from appworld.apps import get_all_apps
+    from appworld.apps.model_lib import import_models_module
+
+    hashes = {}
+    for app in [*get_all_apps(), "admin"]:
+        models = import_models_module(app).SQLModel
+        hashes[app] = {name: -1 for name, _ in models.names_and_models()}  # start hashes count up from 0
+    return hashes
 
 
 if __name__ == "__main__":
