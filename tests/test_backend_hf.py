@@ -34,7 +34,7 @@ def test_is_a_backend(backend):
 def test_recorded_logprobs_equal_teacher_forced_recomputation(tiny, backend):
     model, tokenizer = tiny
     prompts = _prompts()
-    completions = backend.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=HALF_STOPS, seed=1))
+    completions = backend.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=HALF_STOPS, seed=2))
     lengths = [len(c.token_ids) for c in completions]
     assert len(set(lengths)) > 1, "rows should finish at different steps"
     for completion in completions:
@@ -142,3 +142,112 @@ def test_per_row_prefill_matches_the_padded_batch_prefill(tiny):
     for a, b in zip(per_row, padded):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- prefix reuse
+
+
+def _episodes(backend, prompt, group_size=3, turns=3, seed=0):
+    """G rollouts of one prompt over `turns` turns; each turn appends the response and a fixed delta."""
+    deltas = _prompts((20,) * turns, seed=seed + 1)
+    prompts = [list(prompt)] * group_size
+    calls = []
+    for turn in range(turns):
+        completions = backend.generate(prompts, SamplingParams(max_new_tokens=8, stop_token_ids=HALF_STOPS, seed=turn))
+        calls.append((prompts, completions))
+        prompts = [p + c.token_ids + deltas[turn] for p, c in zip(prompts, completions)]
+    return calls
+
+
+@pytest.fixture
+def count_fed_tokens(tiny):
+    model, _ = tiny
+    fed = []
+    handle = model.register_forward_pre_hook(lambda m, a, k: fed.append(k["input_ids"].numel()), with_kwargs=True)
+    yield fed
+    handle.remove()
+
+
+@pytest.mark.parametrize("per_row", [True, False], ids=["per-row prefill", "batched prefill"])
+def test_prefix_cached_and_uncached_generation_give_identical_tokens_and_logprobs(tiny, per_row):
+    model, tokenizer = tiny
+    prompt = _prompts((64,))[0]
+    cached = _episodes(HFBackend(model, tokenizer, prefill_per_row=per_row), prompt)
+    uncached = _episodes(HFBackend(model, tokenizer, prefill_per_row=per_row, prefix_cache_bytes=0), prompt)
+    for (prompts, with_cache), (_, without_cache) in zip(cached, uncached):
+        assert [c.token_ids for c in with_cache] == [c.token_ids for c in without_cache]
+        assert [c.finish_reason for c in with_cache] == [c.finish_reason for c in without_cache]
+        for a, b in zip(with_cache, without_cache):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)  # same math, other chunking
+        recomputed, _ = response_logprobs(model, prompts, [c.token_ids for c in with_cache], pad_token_id=tokenizer.pad_token_id)
+        for i, completion in enumerate(with_cache):
+            assert torch.allclose(recomputed[i, : len(completion.token_ids)], torch.tensor(completion.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("per_row", [True, False], ids=["per-row prefill", "batched prefill"])
+def test_a_group_prefills_its_prompt_once_and_later_turns_feed_only_what_is_new(tiny, count_fed_tokens, per_row):
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer, prefill_per_row=per_row)
+    deltas = _prompts((20, 20), seed=1)
+    prompts = [_prompts((64,))[0]] * 3
+    fed, new = [], []
+    for turn in range(3):
+        count_fed_tokens.clear()
+        completions = backend.generate(prompts, SamplingParams(max_new_tokens=8, stop_token_ids=HALF_STOPS, seed=turn))
+        fed.append(sum(count_fed_tokens))
+        # Decoding feeds every sampled token but the last.
+        new.append(sum(len(c.token_ids) - 1 for c in completions))
+        prompts = [p + c.token_ids + deltas[turn] for p, c in zip(prompts, completions)] if turn < 2 else prompts
+    # Turn 1: the prompt once, then only its last token for the two other rollouts. Later turns:
+    # each rollout's last sampled token (never fed before) and the 20-token delta.
+    assert fed == [64 + 2 + new[0], 3 * (1 + 20) + new[1], 3 * (1 + 20) + new[2]]
+
+
+def test_the_prefix_cache_stays_within_its_bound_and_still_gives_the_same_samples(tiny):
+    model, tokenizer = tiny
+    per_token = 2 * 2 * 1 * 32 * 4  # layers x (keys, values) x kv heads x head_dim x fp32 bytes
+    bound = 250 * per_token  # about two of the three rollouts' contexts
+    backend = HFBackend(model, tokenizer, prefix_cache_bytes=bound)
+    prompt = _prompts((64,))[0]
+    bounded = _episodes(backend, prompt)
+    assert backend.prefix_cache.peak_bytes <= bound
+    assert 0 < backend.prefix_cache.nbytes <= bound
+    unbounded = _episodes(HFBackend(model, tokenizer, prefix_cache_bytes=0), prompt)
+    assert [[c.token_ids for c in completions] for _, completions in bounded] == [
+        [c.token_ids for c in completions] for _, completions in unbounded
+    ]
+
+
+def test_a_prompt_one_token_off_a_cached_one_samples_as_without_the_cache(tiny):
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer)
+    prompt = _prompts((64,))[0]
+    sampling = SamplingParams(max_new_tokens=6, seed=3)
+    backend.generate([prompt], sampling)
+    for position in (0, 17, 40, 62):
+        near = list(prompt)
+        near[position] = (near[position] + 1) % 150_000
+        with_cache = backend.generate([near], sampling)[0]
+        without_cache = HFBackend(model, tokenizer, prefix_cache_bytes=0).generate([near], sampling)[0]
+        assert with_cache.token_ids == without_cache.token_ids
+        assert with_cache.logprobs == pytest.approx(without_cache.logprobs, abs=1e-5)
+
+
+def test_weight_changes_empty_the_prefix_cache():
+    model, tokenizer = load_model("tiny", seed=0)
+    backend = HFBackend(model, tokenizer)
+    prompt = _prompts((64,))[0]
+    sampling = SamplingParams(max_new_tokens=6, seed=3)
+    backend.generate([prompt], sampling)
+    assert len(backend.prefix_cache) == 1
+    backend.update_weights(model)  # the learner's own module, updated in place
+    assert len(backend.prefix_cache) == 0
+    backend.generate([prompt], sampling)
+    # An optimizer step the backend is not told about: the states computed before it are not served.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.tensor([prompt])).logits.mean().backward()
+    optimizer.step()
+    after = backend.generate([prompt], sampling)[0]
+    fresh = HFBackend(model, tokenizer, prefix_cache_bytes=0).generate([prompt], sampling)[0]
+    assert after.token_ids == fresh.token_ids
+    assert after.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)

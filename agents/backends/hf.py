@@ -4,6 +4,14 @@ A plain decode loop over the model's KV cache rather than `model.generate`, so t
 backend controls exactly what it records (the policy's logprob of each sampled token), seeds
 a private RNG (the caller's global torch RNG is untouched), stops each row on its own stop
 tokens / strings and drops finished rows from the batch.
+
+Prefix reuse: the backend keeps the KV states of the prompts it prefilled and of the sequences
+it finished (prompt + response) in a token-keyed, memory-bounded LRU `PrefixCache`, and a
+prompt that starts with a cached sequence prefills only the rest. The API stays stateless:
+callers pass whole token sequences. Turn t + 1 of an episode then feeds only the observation
+delta after turn t's context + response, and the G rollouts of a group share one prefill of
+their prompt. The cache is emptied whenever the weights may have changed (`update_weights`,
+or any in-place edit of a parameter, e.g. an optimizer step on the shared module).
 """
 
 from __future__ import annotations
@@ -12,22 +20,27 @@ import logging
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
+from seeupo_gym.agents.backends.prefix_cache import LayerKV, PrefixCache, block_hashes
 from seeupo_gym.agents.scoring import PER_ROW_MIN_TOKENS
 
 logger = logging.getLogger(__name__)
+
+# Default bound of the prefix cache: e.g. ~43k tokens of Qwen2.5-0.5B in fp32 (24 KiB per token).
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
 class HFBackend:
     """`Backend` over a transformers causal LM (a `PeftModel` works too).
 
     The backend shares the module with the learner when they are the same object, so
-    `update_weights` is then a no-op. max_batch_size bounds the rows decoded together
-    (None: all prompts of a call at once). prefill_per_row: run each prompt's prefill alone
-    and join the KV caches left-padded (None: on CPU when the longest prompt has at least
-    `PER_ROW_MIN_TOKENS` tokens; on GPU one padded batch).
+    `update_weights` then only empties the prefix cache. max_batch_size bounds the rows decoded
+    together (None: all prompts of a call at once). prefill_per_row: run each prompt's prefill
+    alone and join the KV caches left-padded (None: on CPU when the longest prompt has at least
+    `PER_ROW_MIN_TOKENS` tokens; on GPU one padded batch). prefix_cache_bytes: bound of the
+    prefix cache (0 turns prefix reuse off).
     """
 
     def __init__(
@@ -37,6 +50,7 @@ class HFBackend:
         *,
         max_batch_size: int | None = None,
         prefill_per_row: bool | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -46,6 +60,8 @@ class HFBackend:
         self.prefill_per_row = prefill_per_row
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.default_stop_token_ids = default_stop_token_ids(model, tokenizer)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._weights_seen: int | None = None
 
     # -- Backend -----------------------------------------------------------------------------
 
@@ -53,6 +69,7 @@ class HFBackend:
         check_prompts(prompts)
         if not prompts:
             return []
+        self._forget_stale_prefixes()
         generator = torch.Generator(device=self._device)
         if sampling.seed is None:
             generator.seed()
@@ -70,6 +87,10 @@ class HFBackend:
         return completions
 
     def update_weights(self, state_dict_or_model: Any) -> None:
+        # Cached states were computed with the old weights, also when the learner updated this
+        # very module in place.
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         source = state_dict_or_model
         if source is self.model or getattr(self.model, "get_base_model", lambda: None)() is source:
             return  # same module as the learner: already up to date
@@ -82,21 +103,25 @@ class HFBackend:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _forget_stale_prefixes(self) -> None:
+        """Empty the prefix cache when any parameter was replaced or edited in place since the last call."""
+        if self.prefix_cache is None:
+            return
+        # Every in-place edit (optimizer step, load_state_dict, copy_) bumps a tensor's version.
+        seen = hash(tuple((p.data_ptr(), p._version) for p in self.model.parameters()))
+        if seen != self._weights_seen:
+            self.prefix_cache.clear()
+            self._weights_seen = seen
+
     @torch.no_grad()
     def _generate_batch(
         self, prompts: list[list[int]], sampling: SamplingParams, generator: torch.Generator
     ) -> list[Completion]:
         device = self._device
         n = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, width - len(prompt) :] = 1
-        input_ids = input_ids.to(device)
-        attention_mask = attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        last_logits, cache, attention_mask = self._prefill(prompts)
+        next_position = torch.tensor([[len(p)] for p in prompts], device=device)
+        remember = self.prefix_cache is not None and plain_layers(cache)
 
         stop_ids = set(sampling.stop_token_ids or self.default_stop_token_ids)
         stop_window = max((len(s) for s in sampling.stop_strings), default=0) + 4
@@ -104,23 +129,6 @@ class HFBackend:
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[str | None] = [None] * n
         active = list(range(n))  # batch row -> prompt index
-
-        per_row = self.prefill_per_row
-        if per_row is None:
-            per_row = device.type == "cpu" and width >= PER_ROW_MIN_TOKENS
-        last_logits, cache = None, None
-        if per_row and n > 1:
-            last_logits, cache = self._prefill_rows(prompts, width)
-        if cache is None:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            last_logits, cache = out.logits[:, -1, :], out.cache
-        next_position = position_ids[:, -1:] + 1
         for _ in range(sampling.max_new_tokens):
             token, token_logprob = sample_next(last_logits, sampling, generator)
             keep = []
@@ -134,11 +142,15 @@ class HFBackend:
                     finish[index] = FINISH_LENGTH
                 else:
                     keep.append(row)
+                    continue
+                if remember:
+                    # The cache holds the prompt and every sampled token but the last (never fed).
+                    self._remember(prompts[index] + tokens[index][:-1], row_layers(cache, row, attention_mask))
             if not keep:
                 break
             if len(keep) < len(active):
                 keep_index = torch.tensor(keep, device=device)
-                _select_cache_rows(cache, keep_index)
+                select_rows(cache, keep_index)
                 attention_mask = attention_mask[keep_index]
                 next_position = next_position[keep_index]
                 token = token[keep_index]
@@ -158,33 +170,127 @@ class HFBackend:
             for i in range(n)
         ]
 
-    def _prefill_rows(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor | None, Any]:
-        """Prefill each prompt alone; return the last logits and one left-padded KV cache.
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Feed the prompts (past their cached prefixes): last logits, batch KV cache, attention mask."""
+        per_row = self.prefill_per_row
+        if per_row is None:
+            per_row = self._device.type == "cpu" and max(len(p) for p in prompts) >= PER_ROW_MIN_TOKENS
+        if per_row:
+            result = self._prefill_rows(prompts)
+            if result is not None:
+                return result
+        return self._prefill_batched(prompts)
 
-        Returns (None, None) when the cache has layers other than plain full-attention ones
-        (sliding windows, linear attention): the caller then runs the padded batch prefill.
+    def _cached_prefix(self, prompt: list[int]) -> tuple[int, list[LayerKV] | None]:
+        if self.prefix_cache is None:
+            return 0, None
+        # At least the last prompt token is fed: its logits give the first response token.
+        return self.prefix_cache.longest_prefix(prompt, max_length=len(prompt) - 1)
+
+    def _remember(self, tokens: list[int], layers: list[LayerKV]) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(tokens, layers)
+
+    def _prefill_rows(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
+        """Prefill each prompt alone, then join the KV caches left-padded.
+
+        Returns None when the cache has layers other than plain full-attention ones (sliding
+        windows, linear attention): the caller then runs the padded batch prefill.
         """
         device = self._device
-        logits, caches = [], []
+        logits, rows = [], []
         for prompt in prompts:
-            out = self.model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
-            layers = getattr(out.cache, "layers", None)
-            if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
-                return None, None
+            cached, past = self._cached_prefix(prompt)
+            out = self.model(
+                input_ids=torch.tensor([prompt[cached:]], device=device),
+                position_ids=torch.arange(cached, len(prompt), device=device).unsqueeze(0),
+                cache=cache_from_layers(past) if past is not None else None,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            if not plain_layers(out.cache):
+                return None
+            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
+            self._remember(prompt, layers)  # the next rollout of the group starts here
             logits.append(out.logits[:, -1, :])
-            caches.append(out.cache)
-        joined = caches[0]
-        for index, layer in enumerate(joined.layers):
-            keys, values = [], []
-            for cache, prompt in zip(caches, prompts):
-                pad = width - len(prompt)
-                row = cache.layers[index]
-                # Padded positions are masked out; their zero keys/values are never attended.
-                keys.append(torch.nn.functional.pad(row.keys, (0, 0, pad, 0)))
-                values.append(torch.nn.functional.pad(row.values, (0, 0, pad, 0)))
-            layer.keys = torch.cat(keys, dim=0)
-            layer.values = torch.cat(values, dim=0)
-        return torch.cat(logits, dim=0), joined
+            rows.append(layers)
+        cache, attention_mask = join_rows(rows)
+        return torch.cat(logits, dim=0), cache, attention_mask
+
+    def _prefill_batched(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Prefill in padded batches; a prompt that shares its first uncached block with an
+        earlier prompt of the call waits for the next round, where that prefix is cached."""
+        logits: list[torch.Tensor | None] = [None] * len(prompts)
+        rows: list[list[LayerKV] | None] = [None] * len(prompts)
+        pending = list(range(len(prompts)))
+        while pending:
+            now: list[tuple[int, int, list[LayerKV] | None]] = []
+            later: list[int] = []
+            claimed: set[int] = set()
+            for index in pending:
+                cached, past = self._cached_prefix(prompts[index])
+                claim = self._first_uncached_block(prompts[index], cached)
+                if claim is not None and claim in claimed:
+                    later.append(index)
+                    continue
+                if claim is not None:
+                    claimed.add(claim)
+                now.append((index, cached, past))
+            out_logits, cache, attention_mask = self._forward_padded(prompts, now)
+            if not later and len(now) == len(prompts):
+                if self.prefix_cache is not None and plain_layers(cache):
+                    for row, (index, _, _) in enumerate(now):
+                        self._remember(prompts[index], row_layers(cache, row, attention_mask))
+                return out_logits, cache, attention_mask
+            for row, (index, _, _) in enumerate(now):
+                logits[index] = out_logits[row : row + 1]
+                rows[index] = row_layers(cache, row, attention_mask)
+                self._remember(prompts[index], rows[index])
+            pending = later
+        cache, attention_mask = join_rows(rows)  # type: ignore[arg-type]
+        return torch.cat(logits, dim=0), cache, attention_mask  # type: ignore[arg-type]
+
+    def _first_uncached_block(self, prompt: list[int], cached: int) -> int | None:
+        """Hash of the prompt up to the end of its first block past the cached prefix (None: no such block)."""
+        if self.prefix_cache is None:
+            return None
+        block = self.prefix_cache.block_size
+        hashes = block_hashes(prompt[: (cached // block + 1) * block], block)
+        return hashes[-1] if len(hashes) > cached // block else None
+
+    def _forward_padded(
+        self, prompts: list[list[int]], rows: list[tuple[int, int, list[LayerKV] | None]]
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward over rows (prompt index, cached length, cached KV): each row's cached
+        prefix right-aligned in the past, its remaining tokens right-aligned in the input."""
+        device = self._device
+        cached_width = max(cached for _, cached, _ in rows)
+        new_width = max(len(prompts[index]) - cached for index, cached, _ in rows)
+        n = len(rows)
+        input_ids = torch.full((n, new_width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, cached_width + new_width), dtype=torch.long)
+        position_ids = torch.zeros((n, new_width), dtype=torch.long)
+        for row, (index, cached, _) in enumerate(rows):
+            prompt = prompts[index]
+            fed = len(prompt) - cached
+            input_ids[row, new_width - fed :] = torch.tensor(prompt[cached:], dtype=torch.long)
+            attention_mask[row, cached_width - cached : cached_width] = 1
+            attention_mask[row, cached_width + new_width - fed :] = 1
+            position_ids[row, new_width - fed :] = torch.arange(cached, len(prompt))
+        past = None
+        if cached_width:
+            past_rows = [layers for _, _, layers in rows if layers is not None]
+            empty = [(k[:, :, :0], v[:, :, :0]) for k, v in past_rows[0]]
+            past, _ = join_rows([layers if layers is not None else empty for _, _, layers in rows])
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            cache=past,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :], out.cache, attention_mask.to(device)
 
     def _hit_stop_string(self, tokens: list[int], stop_strings: tuple[str, ...], window: int) -> bool:
         if not stop_strings:
@@ -212,11 +318,41 @@ def sample_next(
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary
     # entry on CPU, which costs more than the tiny model's whole forward).
-    cdf = probs.cumsum(-1)
-    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device)
-    token = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=probs.shape[-1] - 1).squeeze(-1)
+    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    token = inverse_cdf(probs, uniform)
     token_logprob = (scaled.gather(-1, token.unsqueeze(-1)) - log_normalizer).squeeze(-1)
     return token, token_logprob
+
+
+# Vocabulary entries per block of the two-level inverse CDF.
+_CDF_BLOCK = 1024
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative mass exceeds uniform x total mass.
+
+    In float64 and in two levels (a block of the vocabulary, then a token inside it): a float32
+    running sum over a 150k vocabulary carries rounding errors wider than one token's share of
+    the mass, so logits that differ in their last bits (a prefix computed in another chunking)
+    would often pick a neighbouring token. Entries without mass are never picked.
+    """
+    n, vocab = probs.shape
+    blocks = torch.nn.functional.pad(probs.double(), (0, -vocab % _CDF_BLOCK)).view(n, -1, _CDF_BLOCK)
+    block_mass = blocks.sum(-1)
+    block_cdf = block_mass.cumsum(-1)
+    target = uniform.double() * block_cdf[:, -1:]
+    block = _first_above(block_mass, block_cdf, target)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    inside = blocks[torch.arange(n, device=probs.device), block]
+    token = _first_above(inside, inside.cumsum(-1), target - before.unsqueeze(-1))
+    return block * _CDF_BLOCK + token
+
+
+def _first_above(mass: torch.Tensor, cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # A target at the very top (rounding) falls on the last entry that has mass.
+    last = mass.shape[-1] - 1 - (mass.flip(-1) > 0).int().argmax(-1)
+    return torch.minimum(index, last)
 
 
 def default_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[int, ...]:
@@ -231,16 +367,3 @@ def default_stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[int,
     if tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))
     return tuple(dict.fromkeys(ids))
-
-
-def _select_cache_rows(cache: Any, index: torch.Tensor) -> None:
-    """Keep only `index` rows of a KV cache (in place)."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        for layer in layers:
-            layer.batch_select_indices(index)
-        return
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(index)
-        return
-    raise TypeError(f"cannot drop finished rows from a {type(cache).__name__} cache")

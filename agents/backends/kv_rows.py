@@ -1,0 +1,73 @@
+"""KV caches seen as rows: one row's real positions out of a padded batch, rows into one batch.
+
+A batch cache holds [batch, kv_heads, width, head_dim] per layer with padding wherever the
+attention mask is 0 (on the left, or between a cached prefix and the tokens fed after it);
+padded positions are masked out, so their contents never matter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from seeupo_gym.agents.backends.prefix_cache import LayerKV
+
+
+def plain_layers(cache: Any) -> bool:
+    """True when every layer is a plain full-attention `DynamicLayer` (rows can be cut and joined)."""
+    layers = getattr(cache, "layers", None)
+    return layers is not None and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:
+    """A DynamicCache over these very tensors, not copies: it grows by concatenation and never
+    writes into them, so a stored prefix can be lent to a forward pass."""
+    cache_layers = []
+    for keys, values in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache_layers.append(layer)
+    cache = DynamicCache()
+    cache.layers = cache_layers
+    return cache
+
+
+def row_layers(cache: Any, row: int, attention_mask: torch.Tensor) -> list[LayerKV]:
+    """The KV of batch row `row` at its real positions (mask 1), as [1, kv_heads, n, head_dim] copies."""
+    columns = attention_mask[row].nonzero().squeeze(-1)
+    return [
+        (layer.keys[row : row + 1].index_select(2, columns), layer.values[row : row + 1].index_select(2, columns))
+        for layer in cache.layers
+    ]
+
+
+def join_rows(rows: list[list[LayerKV]]) -> tuple[DynamicCache, torch.Tensor]:
+    """One left-padded batch cache from per-row KV, and its attention mask [rows, width]."""
+    lengths = [row[0][0].shape[-2] for row in rows]
+    width = max(lengths)
+    layers = []
+    for index in range(len(rows[0])):
+        keys = [torch.nn.functional.pad(row[index][0], (0, 0, width - n, 0)) for row, n in zip(rows, lengths)]
+        values = [torch.nn.functional.pad(row[index][1], (0, 0, width - n, 0)) for row, n in zip(rows, lengths)]
+        layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+    device = rows[0][0][0].device
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, n in enumerate(lengths):
+        mask[i, width - n :] = 1
+    return cache_from_layers(layers), mask
+
+
+def select_rows(cache: Any, index: torch.Tensor) -> None:
+    """Keep only `index` rows of a KV cache (in place)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        for layer in layers:
+            layer.batch_select_indices(index)
+        return
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(index)
+        return
+    raise TypeError(f"cannot drop finished rows from a {type(cache).__name__} cache")
