@@ -212,3 +212,13 @@ def test_eval_points_include_the_start_and_the_last_step():
     assert eval_steps(5, 2, True) == [0, 2, 4, 5]
     assert eval_steps(4, 2, False) == [2, 4]
     assert eval_steps(3, 0, True) == [0, 3]
+
+
+def test_the_report_shows_every_seed_start_to_final_and_the_spread_of_the_change(tmp_path):
+    report = write_report(synthetic_folder(tmp_path)).read_text()
+    section = report.split("## Per seed")[1].split("##")[0]
+    # seeupo: 0.1 -> 0.7 and 0.1 -> 0.5; grpo: 0.1 -> 0.4 and 0.1 -> 0.2.
+    assert "| 0 | 0.100 -> 0.700 (+0.600) | 0.100 -> 0.400 (+0.300) |" in section
+    assert "| 1 | 0.100 -> 0.500 (+0.400) | 0.100 -> 0.200 (+0.100) |" in section
+    assert f"change +0.500 ± {statistics.stdev([0.6, 0.4]):.3f}" in section
+    assert f"change +0.200 ± {statistics.stdev([0.3, 0.1]):.3f}" in section

@@ -1,7 +1,7 @@
 """report.md and summary.json of a comparison folder, rebuilt from its run.json and the runs' JSONL.
 
-The report is prose around three tables (final results with the best per column in bold,
-eval scores by step, training reward by step) and links curves.png (`plots.py`).
+The report is prose around four tables (final results with the best per column in bold,
+eval scores by step, eval start -> final per seed, training reward by step) and links curves.png (`plots.py`).
 """
 
 from __future__ import annotations
@@ -100,6 +100,42 @@ def eval_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
     return "\n".join(lines)
 
 
+def seed_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> str:
+    """Eval avg@k at the first and last evaluation of every (algorithm, seed) run, and the change:
+    the spread over seeds behind the final table's means."""
+    by_run: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for record in records:
+        value = record.get(f"eval/avg@{k}")
+        if value is not None and math.isfinite(value):
+            by_run.setdefault((record["algorithm"], int(record["seed"])), []).append((int(record["step"]), value))
+    firsts = {key: min(points)[1] for key, points in by_run.items()}
+    lasts = {key: max(points)[1] for key, points in by_run.items()}
+    seeds = sorted({seed for _, seed in by_run})
+    if not seeds:
+        return "(no evaluations)"
+    lines = ["| seed | " + " | ".join(f"{label} avg@{k}: start -> final (change)" for label in labels) + " |",
+             "|---" * (len(labels) + 1) + "|"]
+    changes: dict[str, list[float]] = {label: [] for label in labels}
+    for seed in seeds:
+        cells = []
+        for label in labels:
+            if (label, seed) not in firsts:
+                cells.append("")
+                continue
+            first, last = firsts[(label, seed)], lasts[(label, seed)]
+            changes[label].append(last - first)
+            cells.append(f"{first:.3f} -> {last:.3f} ({_signed(last - first)})")
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    if len(seeds) > 1:
+        cells = []
+        for label in labels:
+            values = changes[label]
+            sd = statistics.stdev(values) if len(values) > 1 else math.nan
+            cells.append(f"change {_signed(statistics.fmean(values))} ± {sd:.3f}" if values else "")
+        lines.append("| mean ± sd | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def train_table(records: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
     """Training reward per step and algorithm (means over seeds)."""
     reward = collect_series(records, "rollout/reward_mean")
@@ -167,6 +203,10 @@ def write_report(folder: str | Path) -> Path:
         "## Evaluation by step",
         "",
         eval_table(records, labels, k),
+        "",
+        "## Per seed",
+        "",
+        seed_table(records, labels, k),
         "",
         "## Training reward by step",
         "",
