@@ -176,7 +176,7 @@ def _forward_chunk(
 # --------------------------------------------------------------------------- packed scoring
 
 # Response positions whose logits are materialized at once by `linear_logprobs` (x vocab floats).
-LOGIT_CHUNK = 1024
+LOGIT_CHUNK = 256
 
 
 class _LinearLogprobs(torch.autograd.Function):

@@ -1,19 +1,30 @@
-"""Wall time of one SeeUPO update versus one GRPO update on the same RolloutBatch.
+"""Cost of one algorithm update through the trainer's learner: time, tokens fed, peak memory.
 
 Same model (reset to the same initial weights before every run), same samples, same reuse
-(epochs, minibatch_size), same learner as the trainer's. The batch is synthetic but shaped like
-a multi-turn episode: turn t's context is turn t-1's context + response + observation, and
-trajectories end after 1..T turns. The paper reports SeeUPO at ~1.5x GRPO's update time.
+(epochs, minibatch_size), same learner as the trainer's. Batches are synthetic but shaped like
+multi-turn episodes: turn t's context is turn t-1's context + response + observation.
 
-    python scripts/bench_update.py                                   # tiny model, full fine-tuning
-    python scripts/bench_update.py --model embedded --lora 8 --tasks 2 --group 4 --turns 3 --repeats 1
+Default mode: wall and CPU time of each algorithm's update (the paper reports SeeUPO at ~1.5x
+GRPO at the step level). `--bfcl-shaped`: a ~1,500-token system prompt and task shared by a
+group, 2-6 turns of up to 64-token responses and observations; prints per algorithm the tokens
+fed to each model against that algorithm's minimum, and time. `--memory`: peak memory of a GRPO
+update at minibatch 2, 8, 32 and 128 under one token budget (each size in a fresh process).
+
+    python scripts/bench_update.py --bfcl-shaped --algorithms grpo,gspo,ppo,seeupo
+    python scripts/bench_update.py --bfcl-shaped --memory
+    python scripts/bench_update.py --model embedded --lora 8 --tasks 1 --group 4 --turns 4 \
+        --context 1500 --response 64 --observation 64 --minibatch-size 4 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
+import sys
+import threading
 import time
 
 import torch
@@ -21,12 +32,15 @@ from accelerate import Accelerator
 
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.algorithms.base import make_algorithm
-from seeupo_gym.algorithms.training.learner import LLMLearner, frozen_copy
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+
+MEMORY_MINIBATCHES = (2, 8, 32, 128)
 
 
 def multi_turn_batch(
-    tasks: int, group: int, turns: int, context: int, response: int, observation: int, vocab: int, seed: int
+    tasks: int, group: int, turns: int, context: int, response: int, observation: int, vocab: int, seed: int,
+    min_turns: int = 1,
 ) -> RolloutBatch:
     rng = random.Random(seed)
     trajectories = []
@@ -35,12 +49,70 @@ def multi_turn_batch(
         for g in range(group):
             ids = list(prompt)
             turn_list = []
-            for _ in range(rng.randint(1, turns)):
+            for _ in range(rng.randint(min_turns, turns)):
                 reply = [rng.randrange(vocab) for _ in range(rng.randint(response // 2, response))]
                 turn_list.append(Turn(list(ids), reply, [0.0] * len(reply)))
                 ids += reply + [rng.randrange(vocab) for _ in range(rng.randint(observation // 2, observation))]
             trajectories.append(Trajectory(f"t{task}", f"t{task}", f"t{task}-{g}", turn_list, rng.random(), False))
     return RolloutBatch(trajectories)
+
+
+def bfcl_shaped_batch(tasks: int, group: int, vocab: int, seed: int = 0) -> RolloutBatch:
+    """~1,500-token prompt per task, 2-6 turns, responses and observations of 32-64 tokens."""
+    return multi_turn_batch(tasks, group, 6, 1500, 64, 64, vocab, seed, min_turns=2)
+
+
+def packed_length(trajectory: Trajectory) -> int:
+    last = trajectory.turns[-1]
+    return len(last.context_ids) + len(last.response_ids)
+
+
+def minimum_tokens(name: str, batch: RolloutBatch, options: dict) -> dict[str, int]:
+    """Tokens each model must be fed per update, by algorithm.
+
+    grpo / gspo / ppo: an old pass and a gradient pass over each packed trajectory per epoch
+    (plus a reference pass when kl_coef > 0; ppo: the same two passes of the value model).
+    seeupo: old and reference passes packed, then the gradient passes of pool t are prefix-length
+    (context_t + response_t per trajectory, per epoch) because the parameters change between
+    pools; the ratios after pool t score the same prefixes again for trajectories with a pool to come.
+    """
+    packed = sum(packed_length(t) for t in batch)
+    epochs, kl = options.get("epochs", 1), options.get("kl_coef", 0.002) > 0
+    out = {"reference": packed if kl else 0}
+    if name != "seeupo":
+        out["policy"] = packed + epochs * packed
+        if name == "ppo":
+            out["value"] = packed + epochs * packed
+        return out
+    prefix = sum(len(turn.context_ids) + len(turn.response_ids) for t in batch for turn in t.turns)
+    # Reverse order: every pool but the last (turn 1) is followed by one that needs its ratios.
+    ratios = sum(len(turn.context_ids) + len(turn.response_ids) for t in batch for turn in t.turns[1:])
+    out["policy"] = packed + epochs * prefix + ratios
+    return out
+
+
+class RssPeak:
+    """Peak resident memory of this process while inside the block (a polling thread)."""
+
+    def __enter__(self) -> "RssPeak":
+        self.peak, self._running = self.now(), True
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._running = False
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while self._running:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.002)
+
+    @staticmethod
+    def now() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class UpdateBench:
@@ -50,24 +122,33 @@ class UpdateBench:
     for full fine-tuning), so the 0.5B model is held once, not copied per run.
     """
 
-    def __init__(self, model, tokenizer, batch: RolloutBatch, lora: bool, lr: float, forward_batch_size: int) -> None:
+    def __init__(self, model, tokenizer, batch: RolloutBatch, lora: bool, lr: float, max_tokens: int, value: bool) -> None:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.model = self.accelerator.prepare(model)
         self.reference = None if lora else frozen_copy(model)
+        self.value_model = None
+        if value:
+            self.value_model = ValueModel(lm_backbone(frozen_copy(model)), model.config.hidden_size).to(self.accelerator.device)
+            self.value_model.head.requires_grad_(True)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.initial = [p.detach().clone() for p in self.trainable]
-        self.tokenizer, self.batch, self.lr, self.forward_batch_size = tokenizer, batch, lr, forward_batch_size
+        self.tokenizer, self.batch, self.lr, self.max_tokens = tokenizer, batch, lr, max_tokens
 
-    def run(self, name: str, options: dict) -> tuple[float, dict]:
+    def run(self, name: str, options: dict) -> tuple[float, dict, LLMLearner]:
         with torch.no_grad():
             for param, value in zip(self.trainable, self.initial):
                 param.copy_(value)
         optimizer = self.accelerator.prepare(torch.optim.AdamW(self.trainable, lr=self.lr))
-        learner = LLMLearner(
-            self.accelerator, self.model, optimizer, pad_token_id=self.tokenizer.pad_token_id,
-            reference=self.reference, forward_batch_size=self.forward_batch_size,
-        )
         algorithm = make_algorithm(name, options)
+        value_model = self.value_model if algorithm.needs_value_model else None
+        value_optimizer = None
+        if value_model is not None:
+            # The critic trains its head only here: the bench counts its tokens, not its quality.
+            value_optimizer = torch.optim.AdamW([p for p in value_model.parameters() if p.requires_grad], lr=self.lr)
+        learner = LLMLearner(
+            self.accelerator, self.model, optimizer, pad_token_id=self.tokenizer.pad_token_id, reference=self.reference,
+            value_model=value_model, value_optimizer=value_optimizer, max_tokens_per_microbatch=self.max_tokens,
+        )
         started, cpu_started = time.perf_counter(), time.process_time()
         metrics = algorithm.update(self.batch, learner, torch.Generator().manual_seed(0))
         # CPU time beside wall time: on a shared machine the wall time mostly measures the neighbours.
@@ -75,13 +156,15 @@ class UpdateBench:
         seconds = time.perf_counter() - started
         optimizer.zero_grad(set_to_none=True)
         self.accelerator._optimizers.clear()  # drop this run's optimizer state
-        return seconds, metrics
+        return seconds, metrics, learner
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny | embedded | HF id / path")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--bfcl-shaped", action="store_true", help="BFCL-shaped batch; print tokens fed / minimum")
+    parser.add_argument("--memory", action="store_true", help="peak memory at minibatch 2, 8, 32, 128 (BFCL-shaped)")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4, help="T_max; trajectories have 1..T_max turns")
@@ -90,48 +173,102 @@ def main() -> None:
     parser.add_argument("--observation", type=int, default=32, help="max observation tokens per turn")
     parser.add_argument("--minibatch-size", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--forward-batch-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=8192, help="learner's max_tokens_per_microbatch")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--algorithms", default="grpo,seeupo")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    return parser.parse_args()
 
+
+def build(args: argparse.Namespace, value: bool) -> UpdateBench:
     lora = {"r": args.lora, "alpha": 2 * args.lora} if args.lora else None
     model, tokenizer = load_model(args.model, lora=lora, device="cuda" if torch.cuda.is_available() else "cpu")
-    batch = multi_turn_batch(
-        args.tasks, args.group, args.turns, args.context, args.response, args.observation, vocab=min(len(tokenizer), 32000), seed=0
-    )
+    vocab = min(len(tokenizer), 32000)
+    if args.bfcl_shaped or args.memory or args.memory_child:
+        batch = bfcl_shaped_batch(args.tasks, args.group, vocab)
+    else:
+        batch = multi_turn_batch(args.tasks, args.group, args.turns, args.context, args.response, args.observation, vocab, 0)
     samples = batch.samples()
     print(
         f"model={args.model} lora={args.lora or 'off'} trajectories={len(batch)} turn samples={len(samples)} "
         f"T_max={batch.max_turns} response tokens={batch.num_response_tokens()} "
-        f"max context={max(len(s.turn.context_ids) for s in samples)} minibatch={args.minibatch_size} epochs={args.epochs}"
+        f"max context={max(len(s.turn.context_ids) for s in samples)} packed tokens={sum(packed_length(t) for t in batch)} "
+        f"minibatch={args.minibatch_size} epochs={args.epochs} max_tokens_per_microbatch={args.max_tokens}", flush=True
     )
-    options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
+    return UpdateBench(model, tokenizer, batch, lora is not None, 1e-5, args.max_tokens, value)
+
+
+def memory_child(args: argparse.Namespace) -> None:
+    bench = build(args, value=False)
+    options = {"minibatch_size": args.memory_child, "epochs": args.epochs}
+    batch, bench.batch = bench.batch, RolloutBatch(bench.batch.trajectories[:1])
+    bench.run("grpo", options)  # warm-up on one trajectory: allocator, kernels
+    bench.batch = batch
+    baseline = RssPeak.now()
+    with RssPeak() as peak:
+        seconds, metrics, _ = bench.run("grpo", options)
+    print(f"MEMORY minibatch={args.memory_child} steps={metrics['optimizer_steps']:.0f} peak_rss={peak.peak} "
+          f"growth={peak.peak - baseline} wall={seconds:.1f} cpu={metrics['cpu_s']:.1f}", flush=True)
+
+
+def memory_sweep(args: argparse.Namespace) -> None:
+    peaks = {}
+    for size in MEMORY_MINIBATCHES:
+        command = [sys.executable, __file__, "--memory-child", str(size), "--model", args.model, "--lora", str(args.lora),
+                   "--tasks", str(args.tasks), "--group", str(args.group), "--max-tokens", str(args.max_tokens)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        line = next(x for x in out.splitlines() if x.startswith("MEMORY"))
+        fields = dict(item.split("=") for item in line.split()[1:])
+        peaks[size] = int(fields["peak_rss"])
+        print(f"grpo minibatch {size:>4}: optimizer steps {fields['steps']:>3}, peak RSS {int(fields['peak_rss']) / 2**20:8.0f} MiB "
+              f"(update adds {int(fields['growth']) / 2**20:6.0f} MiB), wall {fields['wall']} s, CPU {fields['cpu']} s", flush=True)
+    ratio = peaks[MEMORY_MINIBATCHES[-1]] / peaks[MEMORY_MINIBATCHES[0]]
+    print(f"peak RSS minibatch {MEMORY_MINIBATCHES[-1]} / minibatch {MEMORY_MINIBATCHES[0]}: {ratio:.3f}x "
+          f"(budget {args.max_tokens} tokens per micro-batch; goal <= 1.15x)")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        return memory_child(args)
+    if args.memory:
+        return memory_sweep(args)
     names = args.algorithms.split(",")
-    bench = UpdateBench(model, tokenizer, batch, lora is not None, 1e-5, args.forward_batch_size)
-    # One untimed warm-up update (allocator, kernels, lazy imports).
-    bench.run(names[0], options)
+    options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
+    bench = build(args, value="ppo" in names)
+    bench.run(names[0], options)  # one untimed warm-up update (allocator, kernels, lazy imports)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     steps: dict[str, float] = {}
+    fed: dict[str, dict[str, int]] = {}
     for _ in range(args.repeats):
-        for name in names:  # interleaved, so machine load drifts hit both alike
-            seconds, metrics = bench.run(name, options)
+        for name in names:  # interleaved, so machine load drifts hit all alike
+            seconds, metrics, learner = bench.run(name, options)
             times[name].append(seconds)
             cpu[name].append(metrics["cpu_s"])
+            fed[name] = dict(learner.tokens_fed)
             print(f"  {name}: wall {seconds:.2f} s, CPU {metrics['cpu_s']:.2f} s", flush=True)
             steps[name] = metrics.get("optimizer_steps", float("nan"))
     for name in names:
         print(f"{name:>8}: wall median {statistics.median(times[name]):7.2f} s "
               f"(runs {', '.join(f'{t:.2f}' for t in times[name])}), CPU median {statistics.median(cpu[name]):7.2f} s, "
               f"optimizer steps {steps[name]:.0f}")
+    print("tokens fed per update / that algorithm's minimum (see minimum_tokens):")
+    for name in names:
+        minimum = minimum_tokens(name, bench.batch, options)
+        parts = [f"{model} {fed[name].get(model, 0)} / {need} = {fed[name].get(model, 0) / need:.3f}"
+                 for model, need in minimum.items() if need]
+        total = sum(fed[name].values()) / sum(minimum.values())
+        print(f"{name:>8}: {'; '.join(parts)}; all models {total:.3f}")
     if "grpo" in times and "seeupo" in times:
         wall = statistics.median(times["seeupo"]) / statistics.median(times["grpo"])
         cpu_ratio = statistics.median(cpu["seeupo"]) / statistics.median(cpu["grpo"])
-        print(f"seeupo / grpo update time: wall {wall:.2f}x, CPU {cpu_ratio:.2f}x (paper: ~1.5x; target <= 1.2x)")
+        print(f"seeupo / grpo update time: wall {wall:.2f}x, CPU {cpu_ratio:.2f}x (paper: ~1.5x at the step level)")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def bfcl_batches(tiny):
     for keep_think in (True, False):
         with VectorAgent(
             "seeupo/BFCL-v4-base-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
-            sampling=SamplingParams(max_new_tokens=12), env_kwargs={"max_turns": 3, "keep_think": keep_think},
+            sampling=SamplingParams(max_new_tokens=8), env_kwargs={"max_turns": 3, "keep_think": keep_think},
         ) as agent:
             batches[keep_think] = agent.collect(["multi_turn_base_0"], group_size=2, seed=5)
     return batches

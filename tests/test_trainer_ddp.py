@@ -69,3 +69,27 @@ def test_two_process_update_equals_the_one_process_update(tmp_path, algorithm):
     for key, value in metrics_one.items():
         assert metrics_two[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert metrics_one["optimizer_steps"] >= 2 and metrics_one["grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_two_process_fsdp2_update_equals_the_one_process_update(tmp_path):
+    """FSDP2 shards every weight over the two processes; the update is still the one-process update.
+
+    On CPU accelerate 1.15 keeps DDP (it enables FSDP for GPU-like backends only), so the script
+    shards with torch's fully_shard over gloo; with 2+ GPUs it goes through accelerate's FSDP2 plugin.
+    """
+    script = str(ROOT / "tests" / "trainer_ddp_update.py")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    launch(1, script, "grpo", str(tmp_path / "one"), multi=False)
+    result = launch(2, script, "grpo", str(tmp_path / "two"), "fsdp")
+    assert "sharded=True" in result.stdout
+    one = torch.load(tmp_path / "one" / "weights.pt")
+    two = torch.load(tmp_path / "two" / "weights.pt")
+    assert set(one) == set(two)
+    for name, value in one.items():
+        torch.testing.assert_close(two[name], value, atol=1e-5, rtol=1e-4, msg=name)
+    metrics_one = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    metrics_two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    for key, value in metrics_one.items():
+        assert metrics_two[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key

@@ -68,3 +68,15 @@ def test_algorithm_in_a_plugin_file_named_by_the_config_trains(tmp_path):
         assert type(trainer.algorithm).__name__ == "NegativeLikelihood"
         records = trainer.train()
     assert records[0]["update/nll"] > 0 and torch.isfinite(torch.tensor(records[0]["update/grad_norm"]))
+
+
+def test_the_readme_rloo_example_trains_a_step_through_the_trainer(tmp_path):
+    from trainer_helpers import ROOT
+
+    config = tiny_config(tmp_path, "algorithm={name: rloo, minibatch_size: 2}", "train.steps=1",
+                         "env.kwargs={max_turns: 1}", "model.max_tokens_per_microbatch=512")
+    config.plugins.append(str(ROOT / "docs" / "examples" / "rloo.py"))
+    with Trainer(config) as trainer:
+        records = trainer.train()
+        assert trainable_changed(trainer.accelerator.unwrap_model(trainer.model)) > 1e-6
+    assert records[0]["update/optimizer_steps"] >= 1 and "update/policy_loss" in records[0]
