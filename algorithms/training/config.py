@@ -79,6 +79,31 @@ class SamplingConfig:
 
 
 @dataclass
+class GenerationConfig:
+    """Which engine samples the rollouts; weights are pushed to it after every update."""
+
+    # "hf": transformers on the module being trained (no copy, no extra install);
+    # "vllm": a vLLM engine colocated on the training device(s) (`pip install seeupo-gym[vllm]`).
+    backend: Literal["hf", "vllm"] = "hf"
+    # hf: bound of the prefix cache (KV states reused across turns and a group's rollouts); 0: off.
+    prefix_cache_mib: int = 1024
+    # vllm: fraction of the device memory vLLM may take (weights + KV cache); the rest is training's.
+    gpu_memory_utilization: float = 0.3
+    # vllm: between rollouts, release vLLM's memory to training (GPU only; vLLM's sleep mode).
+    # Level 1 keeps the base weights on the host (needed with LoRA); 2 drops them (full
+    # fine-tuning: they are pushed again anyway); 0: never sleep.
+    sleep_level: Literal[0, 1, 2] = 1
+    # vllm: GPUs per engine (vLLM's tensor parallelism); with several training processes it must be 1.
+    tensor_parallel_size: int = 1
+    # vllm: longest sequence the engine plans KV memory for; null: env.max_context_tokens.
+    max_model_len: int | None = None
+    # vllm: CUDA graphs off (faster start, slower decoding).
+    enforce_eager: bool = False
+    # vllm: more `vllm.LLM` keyword arguments, passed as they are.
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -134,6 +159,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -328,6 +354,12 @@ def _check_values(config: Config) -> None:
     positive("optim.lr", config.optim.lr)
     positive("optim.value_lr", config.optim.value_lr)
     positive("sampling.max_new_tokens", config.sampling.max_new_tokens)
+    non_negative("generation.prefix_cache_mib", config.generation.prefix_cache_mib)
+    positive("generation.tensor_parallel_size", config.generation.tensor_parallel_size)
+    if not 0 < config.generation.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            f"generation.gpu_memory_utilization must be in (0, 1], got {config.generation.gpu_memory_utilization}"
+        )
     positive("env.num_envs", config.env.num_envs)
     positive("env.max_context_tokens", config.env.max_context_tokens)
     positive("model.max_tokens_per_microbatch", config.model.max_tokens_per_microbatch)
