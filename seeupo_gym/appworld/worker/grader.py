@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -66,9 +67,10 @@ def _use_own_root(task_id: str) -> None:
     - the task data; where there are no `base_dbs` (the offline mini set stores full DBs per
       task, and the episode's changes are relative to those) the task's DBs are the base;
     - the episode's DB changes (`.jsonl`), each line checked to be a data change;
-    - model hashes of its own that match no start hash. AppWorld treats a table whose hash
-      did not change as unchanged; the episode wrote its hashes, so trusting them would let
-      model code hide changes. These force a row by row comparison instead.
+    - model hashes of its own. AppWorld treats a table whose hash did not change as unchanged,
+      and the episode wrote its hashes, so trusting them would let model code hide changes.
+      Here a table the replayed changes touch gets a hash no start hash has; the others
+      keep their start hash, which is true: the final state is the start plus these changes.
     """
     given = os.environ["APPWORLD_ROOT"]
     own = os.path.join(os.environ.get("SEEUPO_SCRATCH", "/scratch"), "evaluation-root")
@@ -80,16 +82,26 @@ def _use_own_root(task_id: str) -> None:
         os.symlink(os.path.join(given, "data", "tasks", task_id, "dbs"), os.path.join(own, "data", "base_dbs"))
     relative = os.path.join("experiments", "outputs", EXPERIMENT, "tasks", task_id, "dbs")
     os.makedirs(os.path.join(own, relative))
+    touched: dict[str, set[str] | None] = {}
     for name in os.listdir(os.path.join(given, relative)):
         if name.endswith(".jsonl"):
-            _check_changes(os.path.join(given, relative, name))
+            touched[name[: -len(".jsonl")]] = _touched_tables(os.path.join(given, relative, name))
             shutil.copyfile(os.path.join(given, relative, name), os.path.join(own, relative, name))
+    start_hashes = os.path.join(given, "data", "tasks", task_id, "dbs", "model_hashes.json")
+    start = json.load(open(start_hashes)) if os.path.isfile(start_hashes) else {}
     with open(os.path.join(own, relative, "model_hashes.json"), "w") as file:
-        json.dump(_unmatched_model_hashes(), file)
+        json.dump(_end_model_hashes(start, touched), file)
     os.environ["APPWORLD_ROOT"] = own
 
 
-def _check_changes(path: str) -> None:
+_ROW_CHANGE = re.compile(r"\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+\w+)?|DELETE\s+FROM)\s+[\"`\[]?(\w+)",
+                         re.IGNORECASE)
+
+
+def _touched_tables(path: str) -> set[str] | None:
+    """The tables an app's saved changes write to; None when any statement may touch more
+    (CREATE, DROP). Anything that is not a data change is refused."""
+    tables: set[str] | None = set()
     with open(path) as file:
         for line in file:
             if not line.strip():
@@ -98,16 +110,28 @@ def _check_changes(path: str) -> None:
             if not (isinstance(statement, str) and statement.lstrip()[:10].upper().startswith(DATA_CHANGES)):
                 raise ValueError(f"{os.path.basename(path)} holds a statement that is not a data change: "
                                  f"{str(statement)[:80]!r}")
+            match = _ROW_CHANGE.match(statement)
+            if match is None or tables is None:
+                tables = None
+            else:
+                tables.add(match.group(1).lower())
+    return tables
 
 
-def _unmatched_model_hashes() -> dict[str, dict[str, int]]:
+def _end_model_hashes(start: dict, touched: dict[str, set[str] | None]) -> dict[str, dict[str, int]]:
     from appworld.apps import get_all_apps
     from appworld.apps.model_lib import import_models_module
 
     hashes = {}
     for app in [*get_all_apps(), "admin"]:
-        models = import_models_module(app).SQLModel
-        hashes[app] = {name: -1 for name, _ in models.names_and_models()}  # start hashes count up from 0
+        hashes[app] = {}
+        for name, model in import_models_module(app).SQLModel.names_and_models():
+            before = int(start.get(app, {}).get(name, 0))
+            tables = touched.get(app, set())
+            changed = tables is None or str(model.__tablename__).lower() in tables or any(
+                table.startswith(str(model.__tablename__).lower() + "_") for table in tables  # its FTS tables
+            )
+            hashes[app][name] = -1 - before if changed else before  # start hashes are >= 0
     return hashes
 
 
