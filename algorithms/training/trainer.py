@@ -167,10 +167,63 @@ class Trainer:
     # ------------------------------------------------------------------ construction
 
     def _make_backend(self) -> Any:
-        from seeupo_gym.agents.backends.hf import HFBackend
+        """The generation engine of `generation.backend`, holding the learner's current weights."""
+        generation = self.config.generation
+        if generation.backend == "hf":
+            from seeupo_gym.agents.backends.hf import HFBackend
 
-        # The HF backend generates with the very module being trained: syncing is a no-op.
-        return HFBackend(self.accelerator.unwrap_model(self.model), self.tokenizer)
+            # It generates with the very module being trained: a sync only empties its prefix cache.
+            return HFBackend(
+                self.accelerator.unwrap_model(self.model), self.tokenizer,
+                prefix_cache_bytes=generation.prefix_cache_mib << 20,
+            )
+        backend = self._make_vllm_backend()
+        backend.update_weights(self.accelerator.unwrap_model(self.model))
+        return backend
+
+    def _make_vllm_backend(self) -> Any:
+        """A vLLM engine colocated with training: one per training process, on its device(s)."""
+        from accelerate.utils import DistributedType
+
+        from seeupo_gym.agents.backends.vllm import VLLMBackend
+
+        generation, model, acc = self.config.generation, self.config.model, self.accelerator
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            raise ConfigError(
+                "generation.backend=vllm: weight sync from sharded training (FSDP / DeepSpeed) is not "
+                "implemented; use DDP or one process, or generation.backend=hf"
+            )
+        if acc.num_processes > 1 and generation.tensor_parallel_size > 1:
+            raise ConfigError(
+                "generation.tensor_parallel_size > 1 needs a single training process (each process "
+                "drives its own engine); set it to 1 with several processes"
+            )
+        on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = {
+            "dtype": model.dtype,
+            "max_model_len": generation.max_model_len or self.config.env.max_context_tokens,
+            "tensor_parallel_size": generation.tensor_parallel_size,
+            "enforce_eager": generation.enforce_eager,
+        }
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = generation.gpu_memory_utilization
+        if acc.num_processes > 1:
+            # Each training rank runs its engine in-process on its own device (TRL's colocate mode).
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        elif not on_gpu:
+            kwargs["distributed_executor_backend"] = "uni"
+        kwargs.update(generation.vllm_kwargs)
+        lora = model.lora
+        return VLLMBackend(
+            model.name_or_path,
+            tokenizer=self.tokenizer,
+            seed=self.config.train.seed,
+            enable_lora=lora is not None,
+            max_lora_rank=lora.r if lora is not None else 64,
+            # vLLM's sleep mode is GPU memory management; the CPU build has none.
+            sleep_level=generation.sleep_level if on_gpu else 0,
+            **kwargs,
+        )
 
     def _make_agent(self, env_kwargs: dict[str, Any]) -> Any:
         from seeupo_gym.agents.backends.base import SamplingParams
@@ -260,6 +313,7 @@ class Trainer:
             record["update/skipped_empty_batch"] = 1.0
         else:
             generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
+            self._release_generation_memory()
             metrics = self.algorithm.update(batch, self.learner, generator)
             record.update({f"update/{k}": float(v) for k, v in metrics.items()})
             self.sync_weights()
@@ -270,7 +324,14 @@ class Trainer:
         return record
 
     def sync_weights(self) -> None:
+        """Push the learner's weights (or LoRA adapter) into the generation backend; runs after every update."""
         self.backend.update_weights(self.accelerator.unwrap_model(self.model))
+
+    def _release_generation_memory(self) -> None:
+        # A colocated vLLM engine sleeps through the update; the next generate or sync wakes it.
+        release = getattr(self.backend, "release_memory", None)
+        if release is not None:
+            release()
 
     def evaluate(
         self,
@@ -369,6 +430,9 @@ class Trainer:
 
     def close(self) -> None:
         self.agent.close()
+        close_backend = getattr(self.backend, "close", None)
+        if close_backend is not None:
+            close_backend()
         if self.config.log.trackers:
             self.accelerator.end_training()
 
