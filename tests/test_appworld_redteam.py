@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -570,12 +571,12 @@ def attack_other_env(attacker: gym.Env, host: Host, honest: dict[str, float], vi
 
 
 class MemoryWatch:
-    """Peak resident memory of the processes this test started (`peak`) and of this, the
-    trainer's, process (`trainer_growth`), sampled while a step runs and just after."""
+    """Peak resident memory of the processes this test started (`peak`, sampled while a step
+    runs and just after) and how far this, the trainer's, process rose above its own earlier
+    peak (`trainer_growth`: from getrusage, as a reply parsed under the GIL stops samplers)."""
 
     def __init__(self) -> None:
         self.peak = 0
-        self._trainer_before = psutil.Process().memory_info().rss
         self.trainer_growth = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -589,16 +590,16 @@ class MemoryWatch:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
-            grown = psutil.Process().memory_info().rss - self._trainer_before
-            self.trainer_growth = max(self.trainer_growth, grown)
 
     def __enter__(self) -> MemoryWatch:
+        self._trainer_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.trainer_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self._trainer_before
 
 
 def cpu_burnt(seconds: float = 1.0) -> float:
