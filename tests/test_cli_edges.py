@@ -87,8 +87,8 @@ def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch):
 
 
 def test_an_unknown_algorithm_points_at_plugins():
-    with pytest.raises(ConfigError, match=r"unknown algorithm 'rloo'.*--plugin FILE"):
-        build_algorithm(config_from_dict({"algorithm": {"name": "rloo"}}))
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'my_own_algo'.*--plugin FILE"):
+        build_algorithm(config_from_dict({"algorithm": {"name": "my_own_algo"}}))
 
 
 def test_seeupo_eval_without_a_config_bounds_responses_and_says_so(monkeypatch, capsys):
