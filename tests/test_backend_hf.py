@@ -243,10 +243,10 @@ def test_weight_changes_empty_the_prefix_cache():
     backend.update_weights(model)  # the learner's own module, updated in place
     assert len(backend.prefix_cache) == 0
     backend.generate([prompt], sampling)
-    # An optimizer step the backend is not told about: the states computed before it are not served.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.tensor([prompt])).logits.mean().backward()
-    optimizer.step()
+    # An in-place edit (as an optimizer step makes) the backend is not told about: the states
+    # computed before it are not served.
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
     after = backend.generate([prompt], sampling)[0]
     fresh = HFBackend(model, tokenizer, prefix_cache_bytes=0).generate([prompt], sampling)[0]
     assert after.token_ids == fresh.token_ids
