@@ -52,6 +52,7 @@ def test_accelerate_launch_two_cpu_processes_trains_a_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two launches of two processes each; minutes on a shared 2-core machine
 @pytest.mark.parametrize("algorithm", ["seeupo", "grpo"])
 def test_two_process_update_equals_the_one_process_update(tmp_path, algorithm):
     """Batch statistics are over the whole batch and the gradient is the full-batch gradient."""
@@ -72,6 +73,7 @@ def test_two_process_update_equals_the_one_process_update(tmp_path, algorithm):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_two_process_fsdp2_update_equals_the_one_process_update(tmp_path):
     """FSDP2 shards every weight over the two processes; the update is still the one-process update.
 
