@@ -49,7 +49,7 @@ MINI = find_data_dir("mini")
 TASKS = read_split(MINI, "mini")
 REPO = Path(__file__).resolve().parents[1]
 
-TIMEOUT_S = 2  # AppWorld's own limit per cell
+TIMEOUT_S = 4  # AppWorld's own limit per cell (a ground truth needs ~2 s on a loaded machine)
 GRACE_S = 3  # the env's extra wait before it kills a stuck episode
 DEADLINE_S = TIMEOUT_S + GRACE_S + 10  # + the kill, grading and a busy 2-core machine
 RESET_DEADLINE_S = 90  # a reset may have to restart a killed worker
@@ -369,11 +369,11 @@ def scored(env: gym.Env, code: str, task_id: str | None) -> float | str:
     try:
         if task_id is not None:
             env.reset(options={"task_id": task_id})
-        _, reward, _, _, info = env.step(render_action(code))
+        observation, reward, _, _, info = env.step(render_action(code))
     except Exception as error:  # noqa: BLE001
         return f"raised {error!r}"
     reason = info.get("termination_reason")
-    return reward if reason in ("completed", "max_turns") else f"{reward} ({reason})"
+    return reward if reason in ("completed", "max_turns") else f"{reward} ({reason or observation[:200]!r})"
 
 
 def complete_alone(env: gym.Env, task_id: str | None = None) -> float | str:
