@@ -331,7 +331,9 @@ class AppWorldServer:
             return None
         task_id = self._episode_task
         self._drop_episode()
-        output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=60.0)
+        # The warm parent only kills, reads files and empties the scratch: a parent that takes
+        # longer was stopped by the episode, and the step must end within its deadline.
+        output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=10.0)
         return output["state"] if collect else None
 
     def grade(self, task_id: str, state: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
@@ -354,7 +356,10 @@ class AppWorldServer:
         try:
             self._episode.settimeout(timeout)
             wire.send(self._episode, message)
-            reply, _ = wire.receive(self._episode, timeout=timeout)
+            # Model code can write to this socket: a reply may be no larger than an output can be,
+            # so parsing one costs the host little.
+            max_bytes = 2**20 + 8 * int(message.get("max_chars", 0))
+            reply, _ = wire.receive(self._episode, timeout=timeout, max_bytes=max_bytes)
         except TimeoutError as error:
             self._end_failed_episode()
             raise ServerTimeout(
@@ -375,7 +380,7 @@ class AppWorldServer:
         task_id = self._episode_task
         self._drop_episode()
         try:
-            return self._cells.request({"op": "end", "task_id": task_id, "collect": False}, timeout=30.0)["ended"]
+            return self._cells.request({"op": "end", "task_id": task_id, "collect": False}, timeout=10.0)["ended"]
         except (ServerDied, ServerTimeout, ServerError) as error:
             return f"and the cell worker failed too: {error}"
 

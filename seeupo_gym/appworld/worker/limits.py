@@ -7,9 +7,9 @@ All through the standard library (`resource`, `prctl` via ctypes): the sandbox i
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
-import shutil
 import signal
 import stat
 
@@ -57,22 +57,44 @@ def in_own_pid_namespace() -> bool:
 
 
 def empty_folder(path: str) -> None:
-    """Delete everything under `path` (even folders a cell made unreadable), keep `path`."""
-    def force(function, name, _):
-        os.chmod(os.path.dirname(name), stat.S_IRWXU)
-        if os.path.isdir(name) and not os.path.islink(name):
-            os.chmod(name, stat.S_IRWXU)
-            shutil.rmtree(name, onerror=force)
-        else:
-            os.unlink(name)
-
-    for entry in os.listdir(path):
-        full = os.path.join(path, entry)
-        if os.path.isdir(full) and not os.path.islink(full):
-            os.chmod(full, stat.S_IRWXU)
-            shutil.rmtree(full, onerror=force)
-        else:
-            os.unlink(full)
+    """Delete everything under `path`, keep `path`. Works on trees of any depth (a cell may
+    nest thousands of folders) and folders a cell made unreadable: each folder's subfolders
+    are moved up to `path` before the folder is removed, so only two folders are open at once."""
+    root = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    moved = 0
+    try:
+        while True:
+            with os.scandir(root) as entries:
+                top = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+            if not top:
+                return
+            for name, is_dir in top:
+                if not is_dir:
+                    os.unlink(name, dir_fd=root)
+                    continue
+                os.chmod(name, stat.S_IRWXU, dir_fd=root)
+                folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
+                try:
+                    with os.scandir(folder) as entries:
+                        inside = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+                    for child, child_is_dir in inside:
+                        if child_is_dir:
+                            os.chmod(child, stat.S_IRWXU, dir_fd=folder)
+                            while True:  # a free name at the top (a cell may have taken some)
+                                moved += 1
+                                try:
+                                    os.rename(child, f".moved-{moved}", src_dir_fd=folder, dst_dir_fd=root)
+                                    break
+                                except OSError as error:
+                                    if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                                        raise
+                        else:
+                            os.unlink(child, dir_fd=folder)
+                finally:
+                    os.close(folder)
+                os.rmdir(name, dir_fd=root)
+    finally:
+        os.close(root)
 
 
 def reset_scratch() -> None:

@@ -31,10 +31,12 @@ def send(sock: socket.socket, message: Any, fd: int | None = None) -> None:
         sock.sendall(frame[sent:])
 
 
-def receive(sock: socket.socket, with_fd: bool = False, timeout: float | None = None) -> tuple[Any, int | None]:
-    """(message, fd or None). Raises WireError on EOF or a malformed message, TimeoutError
-    when the whole message has not arrived within `timeout` seconds (a peer that trickles
-    bytes cannot stretch the wait)."""
+def receive(
+    sock: socket.socket, with_fd: bool = False, timeout: float | None = None, max_bytes: int = MAX_MESSAGE_BYTES
+) -> tuple[Any, int | None]:
+    """(message, fd or None). Raises WireError on EOF or a malformed message (over `max_bytes`,
+    not UTF-8 JSON, nested too deeply), TimeoutError when the whole message has not arrived
+    within `timeout` seconds (a peer that trickles bytes cannot stretch the wait)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     fd = None
     if with_fd:
@@ -46,13 +48,13 @@ def receive(sock: socket.socket, with_fd: bool = False, timeout: float | None = 
     else:
         header = _read_exactly(sock, HEADER.size, deadline)
     (length,) = HEADER.unpack(header)
-    if length > MAX_MESSAGE_BYTES:
-        raise WireError(f"message of {length} bytes is over the limit of {MAX_MESSAGE_BYTES}")
+    if length > max_bytes:
+        raise WireError(f"message of {length} bytes is over the limit of {max_bytes}")
     body = _read_exactly(sock, length, deadline)
     try:
         return json.loads(body.decode("utf-8", "surrogatepass")), fd
-    except ValueError as error:
-        raise WireError(f"malformed message: {error}") from error
+    except (ValueError, RecursionError) as error:
+        raise WireError(f"malformed message: {type(error).__name__}: {str(error)[:200]}") from error
 
 
 def _read_exactly(sock: socket.socket, count: int, deadline: float | None = None) -> bytes:
