@@ -304,7 +304,7 @@ class AppWorldEnv(gym.Env[str, str]):
         assert self._server is not None and self._task_id is not None
         try:
             state = self._server.close_episode(collect=True)
-            report = self._server.grade(self._task_id, state or {}, timeout=120.0)
+            report = self._server.grade(self._task_id, state or {}, timeout=30.0)
         except (ServerDied, ServerTimeout, ServerError) as failure:
             self._server.kill()
             return 0.0, False, _no_tests(), f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"

@@ -345,7 +345,7 @@ class AppWorldServer:
         for name, text in state.items():
             if _STATE_FILE.fullmatch(name):  # data only; the grader makes its own model hashes
                 (dbs / name).write_text(text)
-        cpu_seconds = max(10, int(timeout))
+        cpu_seconds = max(5, int(timeout) // 2)
         return self._grader.request(
             {"op": "evaluate", "task_id": task_id, "limits": self.limits.rlimits(cpu_seconds)}, timeout
         )

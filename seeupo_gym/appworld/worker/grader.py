@@ -98,6 +98,9 @@ _ROW_CHANGE = re.compile(r"\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE(?:\s+OR\s+
                          re.IGNORECASE)
 
 
+_QUERY = re.compile(r"\b(SELECT|WITH|RECURSIVE)\b", re.IGNORECASE)
+
+
 def _touched_tables(path: str) -> set[str] | None:
     """The tables an app's saved changes write to; None when any statement may touch more
     (CREATE, DROP). Anything that is not a data change is refused."""
@@ -107,7 +110,10 @@ def _touched_tables(path: str) -> set[str] | None:
             if not line.strip():
                 continue
             statement = json.loads(line)[0]
-            if not (isinstance(statement, str) and statement.lstrip()[:10].upper().startswith(DATA_CHANGES)):
+            # AppWorld's ORM writes plain INSERT/UPDATE/DELETE rows; a SELECT inside one (a
+            # recursive CTE, say) is model code asking the grader to compute, maybe forever.
+            if not (isinstance(statement, str) and statement.lstrip()[:10].upper().startswith(DATA_CHANGES)
+                    and not _QUERY.search(statement)):
                 raise ValueError(f"{os.path.basename(path)} holds a statement that is not a data change: "
                                  f"{str(statement)[:80]!r}")
             match = _ROW_CHANGE.match(statement)
