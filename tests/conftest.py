@@ -17,3 +17,24 @@ def tiny():
     from seeupo_gym.agents.models import load_model
 
     return load_model("tiny", seed=0)
+
+
+def appworld_mini():
+    """The offline AppWorld task set and its task ids, or (None, []) when it is not built.
+
+    Looked up without raising, so `pytest -m "not appworld"` collects on a machine without it;
+    tests marked appworld then fail at setup saying how to build it (`pytest_runtest_setup`).
+    """
+    from seeupo_gym.appworld import find_data_dir
+    from seeupo_gym.appworld.paths import AppWorldSetupError, read_split
+
+    try:
+        folder = find_data_dir("mini")
+        return folder, read_split(folder, "mini")
+    except (AppWorldSetupError, OSError):
+        return None, []
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("appworld") is not None and appworld_mini()[0] is None:
+        pytest.fail("the AppWorld mini task set is missing: run `make appworld-mini` (part of `make test`)")

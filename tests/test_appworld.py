@@ -15,13 +15,12 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from seeupo_gym.appworld import AppWorldEnv, ServerPool, find_data_dir, render_action
-from seeupo_gym.appworld.paths import read_split
+from conftest import appworld_mini
+from seeupo_gym.appworld import AppWorldEnv, ServerPool, render_action
 
 pytestmark = pytest.mark.appworld
 
-MINI = find_data_dir("mini")
-MINI_TASKS = read_split(MINI, "mini")
+MINI, MINI_TASKS = appworld_mini()
 
 
 def solution(task_id: str) -> str:

@@ -38,15 +38,14 @@ import psutil
 import pytest
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from seeupo_gym.appworld import find_data_dir, render_action
-from seeupo_gym.appworld.paths import read_split
+from conftest import appworld_mini
+from seeupo_gym.appworld import render_action
 import redteam_cells as catalogue
 from redteam_cells import Cell
 
 pytestmark = pytest.mark.appworld
 
-MINI = find_data_dir("mini")
-TASKS = read_split(MINI, "mini")
+MINI, TASKS = appworld_mini()
 REPO = Path(__file__).resolve().parents[1]
 
 TIMEOUT_S = 4  # AppWorld's own limit per cell (a ground truth needs ~2 s on a loaded machine)

@@ -19,15 +19,14 @@ import psutil
 import pytest
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_data_dir, find_python, render_action
-from seeupo_gym.appworld.paths import read_split
+from conftest import appworld_mini
+from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_python, render_action
 from seeupo_gym.appworld.sandbox import Interpreter, find_bwrap
 from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, ServerPool, sweep_stale_dirs
 
 pytestmark = pytest.mark.appworld
 
-MINI = find_data_dir("mini")
-MINI_TASKS = read_split(MINI, "mini")
+MINI, MINI_TASKS = appworld_mini()
 POSIX = "import random\nP = random._os.sys.modules['posix']\n"  # a route both guards let through
 SECRET = "SEEUPO_TEST_SECRET"
 

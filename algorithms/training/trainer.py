@@ -127,8 +127,8 @@ class Trainer:
                 cpu=bool(os.environ.get("LOCAL_RANK")) and not torch.cuda.is_available(),
                 log_with=list(config.log.trackers) or None,
                 project_config=ProjectConfiguration(project_dir=str(self.output_dir), logging_dir=str(self.output_dir / "logs")),
-                # Forward passes differ in number across processes (each scores its own share),
-                # so buffers must not be broadcast in forward (a collective per call).
+                # The models have no trained buffers: broadcasting them would add a collective
+                # to every forward for nothing.
                 kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
             )
         self.accelerator = accelerator

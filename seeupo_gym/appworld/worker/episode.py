@@ -1,6 +1,7 @@
 """One episode's process: opens the task's world and runs its requests, then exits.
 
-Forked by `cells.py` per episode; nothing here outlives the episode. The world is opened
+Forked by `cells.py` per episode; nothing here outlives the episode, and no process a cell
+starts outlives its cell. The world is opened
 without ground truth (the sandbox holds none to load). Whatever a cell does, including
 raising KeyboardInterrupt or SystemExit, the host gets a reply saying what happened.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import limits
 import wire
 
 EXPERIMENT = "seeupo"
@@ -17,6 +19,7 @@ EXPERIMENT = "seeupo"
 
 def serve(sock: socket.socket) -> None:
     world = None
+    limits.adopt_orphans()
     while True:
         try:
             request, _ = wire.receive(sock)
@@ -38,6 +41,9 @@ def serve(sock: socket.socket) -> None:
                 reply = {"ok": False, "error": f"unknown request {request.get('op')!r}"}
         except BaseException as error:  # noqa: BLE001  a cell may raise anything at all
             reply = {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
+        # Processes a cell started end with it: none burns CPU or holds memory while the
+        # policy thinks, and none can act between steps.
+        limits.kill_descendants()
         wire.send(sock, reply)
 
 

@@ -15,6 +15,7 @@ import stat
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # name in the host's limits message -> (rlimit, multiplier to the rlimit's unit)
@@ -44,6 +45,46 @@ def die_with_parent(parent_pid: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(1)  # the parent died before the prctl
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of everything this process starts: orphaned grandchildren (double
+    forks, new sessions) are reparented here, so `kill_descendants` finds them all."""
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def kill_descendants() -> int:
+    """SIGKILL and reap every process this one started (directly or, as subreaper, not);
+    returns how many. Reads the sandbox's own /proc; repeats until no child is left, since a
+    killed child's children are reparented here."""
+    me, killed = os.getpid(), 0
+    while True:
+        children = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                    fields = stat_file.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:  # the field after the state is the parent pid
+                children.append(int(entry))
+        if not children:
+            break
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return killed
 
 
 def make_undumpable() -> None:
