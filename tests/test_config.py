@@ -57,7 +57,7 @@ def test_dotted_overrides_parse_values_as_yaml(tmp_path):
         ("train.steps=0", r"train.steps must be > 0"),
         ("sampling.top_p=2", r"sampling.top_p must be in \(0, 1\]"),
         ("env.train_tasks=[]", r"env.train_tasks is an empty list"),
-        ("wandb=1", r"unknown key\(s\) wandb; allowed in the top level: algorithm, env, log, model"),
+        ("wandb=1", r"unknown key\(s\) wandb; allowed in the top level: algorithm, env, generation, log, model"),
         ("optim=3", r"optim must be a mapping"),
         ("lr", r"not of the form dotted.key=value"),
     ],

@@ -231,8 +231,11 @@ class Launcher:
         command += [
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.scratch_mb * 2**20), "--perms", "0777", "--tmpfs", SCRATCH_MOUNT,  # owned by sandbox root: let nobody write
-            "--symlink", f"{SCRATCH_MOUNT}/tmp", "/tmp",
         ]
+        if "/tmp" not in made:
+            command += ["--symlink", f"{SCRATCH_MOUNT}/tmp", "/tmp"]
+        # else a bound folder lives under the host's /tmp (a checkout there): /tmp then holds
+        # just those read-only binds, and TMPDIR points into the scratch folder.
         if mounts.experiments_from is None:
             command += ["--symlink", f"{SCRATCH_MOUNT}/experiments", f"{APPWORLD_ROOT}/experiments"]
         else:
