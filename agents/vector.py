@@ -4,7 +4,7 @@ Each step, every episode that waits for a response is put into ONE backend call;
 are then stepped (in this thread, or concurrently in a thread pool), finished episodes are
 recorded and their env slots take the next pending episode.
 
-Token-in/token-out (DESIGN section 3). An episode's context is a list of token ids:
+Token-in/token-out (docs/architecture.md). An episode's context is a list of token ids:
 
 - turn 1: the chat template applied to the env's `info["messages"]` (system + first user
   message) with the generation prompt, tokenized once;
@@ -131,7 +131,7 @@ class VectorAgent:
     """Drives `num_envs` instances of `env_id` with one backend.
 
     Args:
-        env_id: a registered Gymnasium id (its envs follow DESIGN section 2: `info["messages"]`,
+        env_id: a registered Gymnasium id (its envs follow the env contract in docs/architecture.md: `info["messages"]`,
             `info["task_id"]`, `info["success"]`).
         backend: a `Backend`; tokenizer: the policy's tokenizer (chat template + decoding).
         num_envs: env instances; at most that many episodes run at once.

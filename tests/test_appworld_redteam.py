@@ -1,4 +1,4 @@
-"""Red team for `seeupo/AppWorld-v0` (DESIGN 2a; issue 11, item 4): the env must contain the
+"""Red team for `seeupo/AppWorld-v0` (docs/architecture.md): the env must contain the
 code a policy writes. The attack cells live in `tests/redteam_cells.py`.
 
 Every cell runs through the public env (`gym.make`, `reset`, `step`) against a host the test
@@ -12,7 +12,7 @@ honest scores of each task measured on a clean server. For each cell the test as
 Findings are collected per class and asserted at the end, so one run lists every route that
 still gets through, each named `<class>.<cell>: <effect>`.
 
-The project's denylist guard is a friendly message, not a wall (DESIGN 2a); the cells are
+The project's denylist guard is a friendly message, not a wall (a denylist over Python cannot be completed); the cells are
 written to pass it, and the suite also switches it off where it can, so that every cell
 reaches the sandbox. Set SEEUPO_REDTEAM_LOG=<file> to get each cell's observation as JSON lines.
 """

