@@ -40,6 +40,7 @@ import pytest
 import seeupo_gym  # noqa: F401  (registers the ids)
 from conftest import appworld_mini
 from seeupo_gym.appworld import render_action
+from seeupo_gym.appworld.sandbox import SandboxLimits
 import redteam_cells as catalogue
 from redteam_cells import Cell
 
@@ -52,7 +53,9 @@ TIMEOUT_S = 4  # AppWorld's own limit per cell (a ground truth needs ~2 s on a l
 GRACE_S = 3  # the env's extra wait before it kills a stuck episode
 DEADLINE_S = TIMEOUT_S + GRACE_S + 10  # + the kill, grading and a busy 2-core machine
 RESET_DEADLINE_S = 90  # a reset may have to restart a killed worker
-MEMORY_BOUND = 4 * 2**30  # what all of this test's processes may hold at once
+# What all of this test's processes may hold at once: the attacker's cell sandbox at its memory
+# cgroup's limit, plus the rest at rest (its grader, the victim's server: ~1 GiB together).
+MEMORY_BOUND = (SandboxLimits().total_memory_mb + 1024) * 2**20
 TRAINER_MEMORY_BOUND = 2**30  # what one step may add to the trainer's memory
 IDLE_CPU = 0.1  # CPU-s per s an env may use while it waits (low: this machine may be loaded)
 TOKEN = secrets.token_hex(6)  # marks everything the cells plant
@@ -585,7 +588,7 @@ class MemoryWatch:
             total = 0
             for process in our_processes():
                 try:
-                    total += process.memory_info().rss
+                    total += process.memory_full_info().pss  # shared pages once, as the kernel holds them
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
@@ -650,11 +653,6 @@ def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Fi
         findings.add("resources", cells[-1].name.split(".")[0], f"the env burns {burnt:.1f} CPU-s per s once its episodes are over")
 
 
-@pytest.mark.xfail(
-    reason="open hole: memory is bounded per process (RLIMIT_AS), not for the sandbox as a whole; a cell's "
-    "processes together can exceed MEMORY_BOUND while it runs (needs a memory cgroup)",
-    strict=False,
-)
 def test_resource_exhaustion_is_bounded_and_ends_with_the_step(attacker, host, honest):
     findings = Findings()
     run_resource_cells(attacker, host, catalogue.RESOURCES, findings)

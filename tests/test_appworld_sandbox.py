@@ -21,7 +21,9 @@ import pytest
 import seeupo_gym  # noqa: F401  (registers the ids)
 from conftest import appworld_mini
 from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_python, render_action
-from seeupo_gym.appworld.sandbox import Interpreter, find_bwrap
+from seeupo_gym.appworld.cgroup import PREFIX as CGROUP_PREFIX
+from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable, parent_group
+from seeupo_gym.appworld.sandbox import Interpreter, SandboxLimits, find_bwrap
 from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, ServerPool, sweep_stale_dirs
 
 pytestmark = pytest.mark.appworld
@@ -212,6 +214,91 @@ def test_a_server_killed_while_idle_is_replaced_at_once_at_the_next_reset():
         assert reward == 1.0
     finally:
         env.close()
+
+
+def cgroup_or_skip() -> None:
+    try:
+        parent_group()
+    except MemoryCgroupUnavailable as why:
+        pytest.skip(f"this machine gives no memory cgroup: {why}")
+
+
+FORKED_HOLDERS = POSIX + """
+import random
+pause = random._os.sys.modules['time'].sleep
+kids = []
+for _ in range(6):
+    pid = P.fork()
+    if pid == 0:
+        try:
+            block = bytearray(256 * 2**20)
+            block[::4096] = b'x' * len(block[::4096])  # touched: resident, not just reserved
+            pause(3)
+        finally:
+            P._exit(0)
+    kids.append(pid)
+print(sorted(P.waitstatus_to_exitcode(P.waitpid(pid, 0)[1]) for pid in kids))
+"""
+
+
+def test_an_episodes_processes_together_stay_within_the_sandbox_memory_limit():
+    cgroup_or_skip()
+    limits = SandboxLimits(memory_mb=1024, total_memory_mb=1280)
+    env = AppWorldEnv(split="mini", limits=limits, timeout_seconds=60)
+    try:
+        env.reset(options={"task_id": "minitodo_2"})
+        group = env.server._cells.cgroup
+        # Six children of 256 MiB each, every one within memory_mb: only the total is over.
+        observation, _, terminated, _, _ = env.step(render_action(FORKED_HOLDERS))
+        assert not terminated
+        assert "-9" in observation and "out of memory" in observation, observation
+        assert group.oom_kills() >= 1 and group.peak_bytes() <= 1280 * 2**20
+        observation, _, terminated, _, _ = env.step(render_action("print(6 * 7)"))
+        assert "42" in observation and not terminated  # the episode's own process went on
+        env.reset(options={"task_id": "minitodo_2"})
+        _, reward, _, _, _ = env.step(render_action(solution("minitodo_2")))
+        assert reward == 1.0
+        path = group.path
+    finally:
+        env.close()
+    assert not path.exists()
+
+
+def test_processes_a_cell_starts_end_with_it_even_if_the_cell_disables_the_episodes_clean_up(server):
+    output = probe(server, """
+        import typing
+        typing.sys.modules['limits'].kill_descendants = lambda: 0  # the episode's own sweep
+        if P.fork() == 0:
+            P.setsid()
+            P.execv('/bin/sleep', ['seeupo-test-sleeper', '600'])
+        print('started')
+    """)
+    assert "started" in output
+    sandbox = psutil.Process(server.pid).children(recursive=True)
+    assert not [p.pid for p in sandbox if p.name() == "sleep" and alive(p.pid)]
+    assert "ok" in probe(server, "print('ok')")  # the episode itself lives on
+    server.close_episode(collect=False)
+
+
+def test_sandbox_memory_groups_of_killed_owners_are_removed():
+    cgroup_or_skip()
+    parent, _ = parent_group()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = parent / f"{CGROUP_PREFIX}{dead.pid}-0"
+    stale.mkdir()
+    group = MemoryCgroup(64 * 2**20)  # its owner sweeps the parent first
+    try:
+        assert not stale.exists() and group.path.is_dir()
+        assert group.limit_bytes == 64 * 2**20
+    finally:
+        group.remove()
+    assert not group.path.exists()
+
+
+def test_memory_limits_must_leave_room_for_the_warm_parent():
+    with pytest.raises(ValueError, match="total_memory_mb"):
+        SandboxLimits(memory_mb=4096, total_memory_mb=4096)
 
 
 OWNER = """

@@ -128,7 +128,7 @@ class AppWorldEnv(gym.Env[str, str]):
             `seeupo_gym.appworld.sandbox`); a machine that cannot run it gets an error naming
             what is missing. "none": no sandbox, model code runs as you and can reach your
             files, network and the grader: unsafe for training, for debugging only.
-        limits: rlimits of each episode's process (`SandboxLimits`).
+        limits: rlimits of each episode's process and the memory of its sandbox (`SandboxLimits`).
     """
 
     metadata = {"render_modes": []}

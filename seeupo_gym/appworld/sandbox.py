@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
+from seeupo_gym.appworld.cgroup import MemoryCgroup
+
 WORKER_DIR = Path(__file__).with_name("worker")
 NOBODY = 65534
 SANDBOX_MODES = ("bwrap", "none")
@@ -46,20 +48,33 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits on one episode's process (rlimits) and on its scratch space.
+    """Limits on one episode's processes (rlimits and a memory cgroup) and on its scratch space.
 
-    memory_mb: address space (RLIMIT_AS). cpu_seconds: CPU time of the whole episode
-    (RLIMIT_CPU; None: max_turns x (timeout + 10 s)). processes: processes and threads of the
-    sandbox user (RLIMIT_NPROC, counted per sandbox). open_files: RLIMIT_NOFILE.
-    file_size_mb: largest file it may write (RLIMIT_FSIZE). scratch_mb: size of /scratch.
+    memory_mb: address space of each process (RLIMIT_AS). total_memory_mb: resident memory of
+    the whole cell sandbox together (warm parent, episode, all they start; a memory cgroup,
+    where this machine lets us make one: else a warning, and only memory_mb holds). Keep
+    memory_mb below it: one process's runaway allocation is then a MemoryError inside the
+    cell, and only several processes together meet the OOM killer, which ends the episode.
+    cpu_seconds: CPU time of the whole episode (RLIMIT_CPU; None: max_turns x (timeout + 10 s)).
+    processes: processes and threads of the sandbox user (RLIMIT_NPROC, counted per sandbox).
+    open_files: RLIMIT_NOFILE. file_size_mb: largest file it may write (RLIMIT_FSIZE).
+    scratch_mb: size of /scratch (a tmpfs: counted in total_memory_mb too).
     """
 
-    memory_mb: int = 4096
+    memory_mb: int = 3072
+    total_memory_mb: int = 4096
     cpu_seconds: int | None = None
     processes: int = 64
     open_files: int = 512
     file_size_mb: int = 64
     scratch_mb: int = 256
+
+    def __post_init__(self) -> None:
+        if self.total_memory_mb <= self.memory_mb:
+            raise ValueError(
+                f"total_memory_mb ({self.total_memory_mb}) must exceed memory_mb ({self.memory_mb}): "
+                "the warm parent lives in the same budget"
+            )
 
     def rlimits(self, cpu_seconds: int) -> dict[str, int]:
         return {
@@ -164,8 +179,10 @@ class Launcher:
         mounts: Mounts,
         host_root: Path,
         log: IO[bytes],
+        cgroup: MemoryCgroup | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start `worker/<script>` with `control_fd` as its only channel to the host.
+        """Start `worker/<script>` with `control_fd` as its only channel to the host, inside
+        `cgroup` (all it starts too) if given.
 
         `host_root` is the server's own folder: unsandboxed workers use it for their AppWorld
         root and scratch, in place of the sandbox's mounts.
@@ -173,7 +190,7 @@ class Launcher:
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
         command = self._bwrap_command(mounts) + [*self._drop_to_nobody(), *self._python(script, control_fd)]
-        return self._start_bwrap(command, control_fd, log)
+        return self._start_bwrap(command, control_fd, log, cgroup)
 
     # ------------------------------------------------------------------ sandboxed
 
@@ -203,10 +220,11 @@ class Launcher:
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv", "--hostname", "appworld",
         ]
+        # The sandbox waits on block_fd until the host has set it up from outside (`_start_bwrap`).
+        command += ["--userns-block-fd", "{block_fd}", "--info-fd", "{info_fd}"]
         if os.geteuid() == 0:
             # setpriv (below) needs these to drop to nobody; it then clears every capability.
-            command += ["--userns-block-fd", "{block_fd}", "--info-fd", "{info_fd}",
-                        "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
             command += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
         for key, value in self._environment().items():
@@ -252,13 +270,13 @@ class Launcher:
         return ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
-    def _start_bwrap(self, command: list[str], control_fd: int | None, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    def _start_bwrap(
+        self, command: list[str], control_fd: int | None, log: IO[bytes], cgroup: MemoryCgroup | None = None
+    ) -> subprocess.Popen[bytes]:
+        # bwrap's child waits on block_fd while we put it in its memory cgroup and, as root,
+        # map sandbox root to host root (to build the sandbox) and sandbox nobody to host
+        # nobody (whom setpriv becomes). Nothing has run inside it yet.
         inherited = () if control_fd is None else (control_fd,)
-        if os.geteuid() != 0:
-            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=inherited, start_new_session=True)
-        # As root: bwrap waits on block_fd while we map sandbox root to host root (to build the
-        # sandbox) and sandbox nobody to host nobody (whom setpriv becomes).
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         command = [part.format(block_fd=block_read, info_fd=info_write) for part in command]
@@ -273,10 +291,14 @@ class Launcher:
                 info = _read_json_object(info_file)
             if info is not None:
                 pid = info["child-pid"]
-                for kind in ("uid_map", "gid_map"):
-                    Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {NOBODY} 1\n")
+                if cgroup is not None:
+                    cgroup.add(pid)
+                if os.geteuid() == 0:
+                    for kind in ("uid_map", "gid_map"):
+                        Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {NOBODY} 1\n")
         except OSError:
-            pass  # bwrap failed before or while we mapped; its log says why
+            # bwrap failed before or while we set it up (its log says why), or the cgroup refused it
+            process.kill()
         finally:
             os.close(block_write)
         return process

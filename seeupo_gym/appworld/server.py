@@ -6,7 +6,8 @@ code is an adversary (RL finds any route from it to the host or the grader), so 
 only in an episode process that is
 - forked per episode from a warm parent that has imported AppWorld but run no model code,
 - inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
-  private scratch, only the current task's public files, rlimits, no inherited environment,
+  private scratch, only the current task's public files, rlimits, one memory cgroup for all
+  its processes, no inherited environment,
 - killed with everything it started when the episode ends (its final state is read out
   first), so no variable, patch, thread or file reaches the next episode.
 The grader runs in a second sandbox where no model code ever runs; it has the ground truth
@@ -35,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from seeupo_gym.appworld.paths import find_python
 from seeupo_gym.appworld.sandbox import APPWORLD_ROOT, Launcher, Mounts, SandboxLimits
 from seeupo_gym.appworld.worker import wire
@@ -72,13 +74,17 @@ def _kill_live_servers() -> None:
 class _Worker:
     """One worker process (the cell parent or the grader) and the socket the host holds to it."""
 
-    def __init__(self, script: str, launcher: Launcher, mounts: Mounts, root: Path) -> None:
+    def __init__(
+        self, script: str, launcher: Launcher, mounts: Mounts, root: Path, memory_limit_mb: int | None = None
+    ) -> None:
         self.script = script
         self._launcher = launcher
         self._mounts = mounts
         self._root = root
+        self._memory_limit_mb = memory_limit_mb if launcher.bwrap is not None else None
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
+        self.cgroup: MemoryCgroup | None = None  # the sandbox's memory cgroup while it runs
         self.ready = False
 
     @property
@@ -95,12 +101,16 @@ class _Worker:
 
     def start(self) -> None:
         self.kill()
+        self.cgroup = _memory_cgroup(self._memory_limit_mb)
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with open(self.log_path, "ab") as log:
-                self._process = self._launcher.spawn(self.script, worker_end.fileno(), self._mounts, self._root, log)
+                self._process = self._launcher.spawn(
+                    self.script, worker_end.fileno(), self._mounts, self._root, log, cgroup=self.cgroup
+                )
         except BaseException:
             host_end.close()
+            self.kill()
             raise
         finally:
             worker_end.close()
@@ -157,7 +167,13 @@ class _Worker:
         if self._socket is not None:
             _close_when_peer_gone(self._socket)
             self._socket = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         self.ready = False
+
+    def oom_kills(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup is not None else 0
 
     def _exits_within(self, seconds: float) -> bool:
         if self._process is None:
@@ -225,13 +241,14 @@ class AppWorldServer:
             if (self.data_dir / shared).is_dir():
                 (self._view / shared).mkdir()
                 cell_binds.append((self.data_dir / shared, f"{APPWORLD_ROOT}/data/{shared}"))
-        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root)
+        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root, self.limits.total_memory_mb)
         self._grader = _Worker(
             "grader.py", launcher, Mounts([(self.data_dir, f"{APPWORLD_ROOT}/data")], experiments_from=self._final),
             self.root,
         )
         self._episode: socket.socket | None = None
         self._episode_task: str | None = None
+        self._oom_kills_seen = 0
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ processes
@@ -313,13 +330,34 @@ class AppWorldServer:
         finally:
             episode_end.close()
         self._episode, self._episode_task = host_end, task_id
+        self._oom_kills_seen = self._cells.oom_kills()
         self.episodes += 1
         request = {"op": "initialize", "task_id": task_id, "timeout_seconds": timeout_seconds,
                    "max_interactions": max_interactions}
         return self._episode_request(request, timeout)
 
     def execute(self, code: str, timeout: float, max_chars: int = 1_000_000) -> str:
-        return str(self._episode_request({"op": "execute", "code": code, "max_chars": max_chars}, timeout))
+        try:
+            output = str(self._episode_request({"op": "execute", "code": code, "max_chars": max_chars}, timeout))
+        except ServerError as error:
+            self._after_cell()
+            raise ServerError(f"{error}{self._oom_note()}") from error
+        self._after_cell()
+        return output + self._oom_note()
+
+    def _after_cell(self) -> None:
+        """The episode lives on; what its cell started does not. Its process already kills
+        that, but a cell can patch its own process: the warm parent, where no model code ran,
+        sweeps the sandbox too."""
+        self._cells.request({"op": "sweep"}, timeout=10.0)
+
+    def _oom_note(self) -> str:
+        kills = self._cells.oom_kills()
+        new, self._oom_kills_seen = kills - self._oom_kills_seen, kills
+        if new <= 0:
+            return ""
+        return (f"\n[out of memory: the sandbox ended {new} process(es): all processes of an episode together "
+                f"may hold at most {self.limits.total_memory_mb} MiB]")
 
     def task_completed(self, timeout: float = 60.0) -> bool:
         return bool(self._episode_request({"op": "task_completed"}, timeout))
@@ -366,7 +404,11 @@ class AppWorldServer:
                 f"the episode's process gave no answer to {message['op']} within {timeout:.1f} s; killed it"
             ) from error
         except (wire.WireError, OSError) as error:
+            out_of_memory = self._cells.oom_kills() > self._oom_kills_seen
             ended = self._end_failed_episode()
+            if out_of_memory:
+                ended = (f"the out-of-memory killer ended it: all processes of an episode together may hold "
+                         f"at most {self.limits.total_memory_mb} MiB")
             raise ServerDied(f"the episode's process died ({ended or error})") from error
         if not (isinstance(reply, dict) and "ok" in reply):
             self._end_failed_episode()
@@ -397,6 +439,27 @@ class AppWorldServer:
         target.mkdir(parents=True)
         shutil.copy2(source / "specs.json", target / "specs.json")
         shutil.copytree(source / "dbs", target / "dbs", copy_function=_link_or_copy)
+
+
+_warned_no_cgroup = False
+
+
+def _memory_cgroup(limit_mb: int | None) -> MemoryCgroup | None:
+    """A memory cgroup with this limit, or None (with one warning per process) where this
+    machine gives us none: memory is then bounded per process only."""
+    global _warned_no_cgroup
+    if limit_mb is None:
+        return None
+    try:
+        return MemoryCgroup(limit_mb * 2**20)
+    except MemoryCgroupUnavailable as error:
+        if not _warned_no_cgroup:
+            _warned_no_cgroup = True
+            logger.warning(
+                "AppWorld sandboxes get no memory cgroup (%s): each process is bounded (SandboxLimits.memory_mb), "
+                "but an episode that forks can hold that much per process", error,
+            )
+        return None
 
 
 def _close_when_peer_gone(sock: socket.socket, timeout: float = 5.0) -> None:

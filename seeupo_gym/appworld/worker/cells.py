@@ -45,6 +45,8 @@ def main() -> None:
             _stop(child)
             child = _fork_episode(control, episode_fd, request)
             wire.send(control, {"ok": True, "output": {"pid": child}})
+        elif op == "sweep":
+            wire.send(control, {"ok": True, "output": {"killed": _sweep(child)}})
         elif op == "end":
             ended = _stop(child)
             child = None
@@ -65,6 +67,7 @@ def _fork_episode(control: socket.socket, episode_fd: int, request: dict) -> int
         control.close()  # the episode must not be able to talk to the parent
         os.setsid()  # its own process group: `_stop` kills all of it
         limits.die_with_parent(parent)
+        limits.volunteer_for_oom_kill()
         limits.apply(request["limits"])
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # cells may write to raw fds; the host only reads replies
@@ -74,6 +77,24 @@ def _fork_episode(control: socket.socket, episode_fd: int, request: dict) -> int
         episode.serve(socket.socket(fileno=episode_fd))
     finally:
         os._exit(0)
+
+
+def _sweep(child: int | None) -> int:
+    """Kill what the episode's cells started and leave the episode's process running. The host
+    asks after every cell: the episode cleans up after its cells itself, but a cell can patch
+    that code; this runs where no model code has run."""
+    if child is None:
+        return 0
+    if limits.in_own_pid_namespace():
+        return limits.kill_all_but({os.getpid(), child})
+    killed = 0
+    for pid in limits.descendants(child):  # unsandboxed: no namespace to sweep; the tree only
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def _stop(child: int | None) -> str:

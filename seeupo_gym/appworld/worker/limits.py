@@ -47,11 +47,37 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before the prctl
 
 
+def volunteer_for_oom_kill() -> None:
+    """Be the OOM killer's first choice in the sandbox's memory cgroup (children inherit it):
+    an episode over the sandbox's memory limit ends, the warm parent stays. Raising one's own
+    score needs no privilege."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass  # no /proc/self/oom_score_adj (not Linux, or /proc hidden): the limit still holds
+
+
 def adopt_orphans() -> None:
     """Become the subreaper of everything this process starts: orphaned grandchildren (double
     forks, new sessions) are reparented here, so `kill_descendants` finds them all."""
     if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def processes() -> list[tuple[int, int, str]]:
+    """(pid, parent pid, state) of every process this one can see in /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                fields = stat_file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        found.append((int(entry), int(fields[1]), fields[0].decode()))
+    return found
 
 
 def kill_descendants() -> int:
@@ -60,17 +86,7 @@ def kill_descendants() -> int:
     killed child's children are reparented here."""
     me, killed = os.getpid(), 0
     while True:
-        children = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat_file:
-                    fields = stat_file.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me:  # the field after the state is the parent pid
-                children.append(int(entry))
+        children = [pid for pid, parent, _ in processes() if parent == me]
         if not children:
             break
         for pid in children:
@@ -85,6 +101,37 @@ def kill_descendants() -> int:
             except ChildProcessError:
                 pass
     return killed
+
+
+def kill_all_but(keep: set[int], rounds: int = 50) -> int:
+    """SIGKILL every live process in this PID namespace except PID 1 and `keep`, until none is
+    left (a fork bomb may race the sweep; RLIMIT_NPROC bounds it); returns how many."""
+    killed = 0
+    for _ in range(rounds):
+        targets = [pid for pid, _, state in processes() if pid != 1 and pid not in keep and state not in "ZX"]
+        if not targets:
+            break
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below `root` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for pid, parent, state in processes():
+        if state not in "ZX":
+            children.setdefault(parent, []).append(pid)
+    found, stack = [], list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
 
 
 def make_undumpable() -> None:
