@@ -220,8 +220,10 @@ class Launcher:
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv", "--hostname", "appworld",
         ]
-        # The sandbox waits on block_fd until the host has set it up from outside (`_start_bwrap`).
-        command += ["--userns-block-fd", "{block_fd}", "--info-fd", "{info_fd}"]
+        # The sandbox waits on block_fd until the host has set it up from outside (`_start_bwrap`);
+        # as root that includes its uid map, so it waits before using its user namespace.
+        block = "--userns-block-fd" if os.geteuid() == 0 else "--block-fd"
+        command += [block, "{block_fd}", "--info-fd", "{info_fd}"]
         if os.geteuid() == 0:
             # setpriv (below) needs these to drop to nobody; it then clears every capability.
             command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
