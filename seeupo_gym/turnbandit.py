@@ -241,7 +241,8 @@ class TurnBanditEnv(gym.Env[str, str]):
 
     kwargs: variant, num_tasks, seed (of the task list, not of the episode draw), turns=(low, high),
     options (K), hint (easy variant), optimum (J*, or the range J* is drawn from per task),
-    invalid_penalty, max_turns, template.
+    invalid_penalty, max_turns, template, brief (a one-sentence system prompt without the
+    reasoning instructions, for small models answering in a few tokens; a `<think>` block is still parsed).
     `gym.make("seeupo/TurnBandit-v0", variant="easy", options=2)` is the small-LLM preset.
     """
 
@@ -259,6 +260,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         invalid_penalty: float = 0.1,
         max_turns: int = 10,
         template: ReActTemplate | None = None,
+        brief: bool = False,
     ) -> None:
         if variant == "easy":
             turns = turns or (2, 2)
@@ -273,6 +275,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         self.invalid_penalty = invalid_penalty
         self.max_turns = max_turns
         self.template = template or ReActTemplate()
+        self.brief = brief
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: BanditTask | None = None
@@ -284,6 +287,10 @@ class TurnBanditEnv(gym.Env[str, str]):
 
     # -- text ---------------------------------------------------------------------------
     def system_prompt(self) -> str:
+        if self.brief:
+            # Half the context of the full prompt (107 vs 215 tokens at step 2 of an easy task):
+            # CPU training cost grows with it.
+            return "You are playing TurnBandit. At each step, answer with only the letter of one option."
         return self.template.system_prompt(
             role="You are playing TurnBandit, a game of a few steps. At each step you choose one option. "
             "A single team reward between 0 and 1 is revealed only after the last step.",

@@ -291,3 +291,14 @@ def test_no_generated_response_makes_step_raise():
         assert env.observation_space.contains(observation) and isinstance(info["action_error"], str)
         if terminated or truncated:
             env.reset()
+
+
+def test_brief_prompt_is_one_sentence_and_the_game_is_unchanged():
+    full, brief = TurnBanditEnv(variant="easy", num_tasks=4), TurnBanditEnv(variant="easy", num_tasks=4, brief=True)
+    (_, full_info), (obs, info) = full.reset(seed=3), brief.reset(seed=3)
+    assert "TurnBandit" in info["messages"][0]["content"] and "<think>" not in obs
+    assert len(info["messages"][0]["content"]) < len(full_info["messages"][0]["content"]) / 4
+    assert info["messages"][1] == full_info["messages"][1]
+    for env in (full, brief):
+        env.step("A")
+    assert brief.step(act("B"))[1] == full.step("B")[1]
