@@ -9,7 +9,8 @@ Prints, for the same code on the same mini task:
   timed with CLOCK_MONOTONIC because an open world freezes `time.perf_counter`),
 and the ratio server / in-process; then server start-up (both sandboxes answering), reset
 latency (a fresh episode process per reset; p50/p95 after 5 warm-up resets), the grader's
-latency, and the memory of the server's processes over `--episodes` episodes.
+latency, and the memory of the server's processes over `--episodes` episodes. `execute` through the
+server includes the warm parent's sweep after every cell.
 """
 
 from __future__ import annotations
@@ -62,16 +63,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))]
 
 
-def tree_rss_mb(pid: int) -> float:
-    """RSS of a process and all its descendants (the sandbox's PID 1, warm parent, episode)."""
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process and all its descendants (the sandbox's PID 1, warm
+    parent, episode): pages shared after a fork count once in the sum, as they do in RAM."""
     root = psutil.Process(pid)
     total = 0
     for process in [root, *root.children(recursive=True)]:
         try:
-            total += process.memory_info().rss
+            total += process.memory_full_info().pss
         except psutil.NoSuchProcess:
             pass
     return total / 2**20
+
+
+def cgroup_mb(server: AppWorldServer) -> str:
+    """What the cell sandbox's memory cgroup is charged now (page cache of files it read and its
+    tmpfs scratch included) and at its peak, or why there is none."""
+    group = server._cells.cgroup
+    if group is None:
+        return "no memory cgroup"
+    return f"cgroup charge {group.usage_bytes() / 2**20:5.0f} MB (peak {(group.peak_bytes() or 0) / 2**20:5.0f} MB)"
 
 
 def bench_server(python: Path, data_dir: Path, task_id: str, n: int, episodes: int) -> dict[str, list[float]]:
@@ -91,14 +102,15 @@ def bench_server(python: Path, data_dir: Path, task_id: str, n: int, episodes: i
             server.grade(task_id, server.close_episode(collect=True))
             grades.append(time.monotonic() - start)
             if episode in (0, 9, 99, 199, episodes - 1):
-                memory.append((episode + 1, tree_rss_mb(server.pid), tree_rss_mb(server._grader.pid)))
+                memory.append((episode + 1, tree_pss_mb(server.pid), tree_pss_mb(server._grader.pid), cgroup_mb(server)))
         warm = resets[5:] or resets
         print(f"reset (fresh episode process + open world), {len(warm)} after warm-up: "
               f"p50 {1000 * percentile(warm, 0.5):6.1f} ms  p95 {1000 * percentile(warm, 0.95):6.1f} ms  "
               f"(first {1000 * resets[0]:.0f} ms)")
         print(f"grade (fresh grader fork, final state only): p50 {1000 * percentile(grades, 0.5):6.1f} ms")
-        for count, cells_mb, grader_mb in memory:
-            print(f"after {count:4d} episodes: cell sandbox RSS {cells_mb:6.0f} MB, grader sandbox RSS {grader_mb:6.0f} MB")
+        for count, cells_mb, grader_mb, charged in memory:
+            print(f"after {count:4d} episodes: cell sandbox PSS {cells_mb:6.0f} MB ({charged}), "
+                  f"grader sandbox PSS {grader_mb:6.0f} MB")
         server.open_episode(task_id, timeout_seconds=10, max_interactions=10 * n + 10)
         results = {}
         for name, code in SNIPPETS.items():
