@@ -698,6 +698,19 @@ for _ in range(2):
                 pass
         finally:
             P._exit(0)""",
+    "burners-after-disabling-the-episodes-clean-up": """
+import typing
+P = typing.sys.modules['posix']
+typing.sys.modules['limits'].kill_descendants = lambda: 0
+typing.sys.modules['limits'].adopt_orphans = lambda: None
+for _ in range(2):
+    if P.fork() == 0:
+        try:
+            P.setsid()
+            while True:
+                pass
+        finally:
+            P._exit(0)""",
 })
 
 # Heavier ones, for `-m slow`.
