@@ -22,7 +22,7 @@ import seeupo_gym  # noqa: F401  (registers the ids)
 from conftest import appworld_mini
 from seeupo_gym.appworld import AppWorldEnv, SandboxUnavailable, find_python, render_action
 from seeupo_gym.appworld.cgroup import PREFIX as CGROUP_PREFIX
-from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable, parent_group
+from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable, parent_group, sweep_orphans
 from seeupo_gym.appworld.sandbox import Interpreter, SandboxLimits, find_bwrap
 from seeupo_gym.appworld.server import DIR_PREFIX, AppWorldServer, ServerPool, sweep_stale_dirs
 
@@ -325,6 +325,13 @@ def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
         time.sleep(0.2)
     assert not [p.pid for p in sandbox if alive(p.pid)]
     assert root.exists() and root in sweep_stale_dirs() and not root.exists()
+    try:
+        parent, _ = parent_group()
+    except MemoryCgroupUnavailable:
+        return
+    groups = list(parent.glob(f"{CGROUP_PREFIX}{owner.pid}-*"))
+    assert groups and set(groups) <= set(sweep_orphans(parent))  # its memory cgroup is removed too
+    assert not any(group.exists() for group in groups)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
