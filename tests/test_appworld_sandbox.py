@@ -296,6 +296,20 @@ def test_sandbox_memory_groups_of_killed_owners_are_removed():
     assert not group.path.exists()
 
 
+def test_without_a_memory_cgroup_file_system_the_server_warns_and_still_runs(monkeypatch, tmp_path, caplog):
+    # The cgroup root replaced by an empty folder: a container without /sys/fs/cgroup.
+    monkeypatch.setattr("seeupo_gym.appworld.cgroup.CGROUP_ROOT", tmp_path)
+    env = AppWorldEnv(split="mini")
+    try:
+        env.reset(options={"task_id": "minitodo_2"})
+        assert env.server._cells.cgroup is None
+        assert "no memory cgroup" in caplog.text and "not mounted" in caplog.text
+        _, reward, _, _, _ = env.step(render_action(solution("minitodo_2")))
+        assert reward == 1.0
+    finally:
+        env.close()
+
+
 def test_memory_limits_must_leave_room_for_the_warm_parent():
     with pytest.raises(ValueError, match="total_memory_mb"):
         SandboxLimits(memory_mb=4096, total_memory_mb=4096)

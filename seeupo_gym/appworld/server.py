@@ -21,6 +21,7 @@ started afresh at the next reset; an episode process that fails ends its episode
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -441,25 +442,24 @@ class AppWorldServer:
         shutil.copytree(source / "dbs", target / "dbs", copy_function=_link_or_copy)
 
 
-_warned_no_cgroup = False
-
-
 def _memory_cgroup(limit_mb: int | None) -> MemoryCgroup | None:
-    """A memory cgroup with this limit, or None (with one warning per process) where this
-    machine gives us none: memory is then bounded per process only."""
-    global _warned_no_cgroup
+    """A memory cgroup with this limit, or None (with a warning) where this machine gives us
+    none: memory is then bounded per process only."""
     if limit_mb is None:
         return None
     try:
         return MemoryCgroup(limit_mb * 2**20)
     except MemoryCgroupUnavailable as error:
-        if not _warned_no_cgroup:
-            _warned_no_cgroup = True
-            logger.warning(
-                "AppWorld sandboxes get no memory cgroup (%s): each process is bounded (SandboxLimits.memory_mb), "
-                "but an episode that forks can hold that much per process", error,
-            )
+        _warn_no_cgroup(str(error))
         return None
+
+
+@functools.cache  # once per reason and process, not at every server start
+def _warn_no_cgroup(reason: str) -> None:
+    logger.warning(
+        "AppWorld sandboxes get no memory cgroup (%s): each process is bounded (SandboxLimits.memory_mb), "
+        "but an episode that forks can hold that much per process", reason,
+    )
 
 
 def _close_when_peer_gone(sock: socket.socket, timeout: float = 5.0) -> None:
