@@ -87,14 +87,7 @@ def _sweep(child: int | None) -> int:
         return 0
     if limits.in_own_pid_namespace():
         return limits.kill_all_but({os.getpid(), child})
-    killed = 0
-    for pid in limits.descendants(child):  # unsandboxed: no namespace to sweep; the tree only
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            pass
-    return killed
+    return limits.kill(limits.descendants(child))  # unsandboxed: no namespace to sweep; the tree only
 
 
 def _stop(child: int | None) -> str:

@@ -80,6 +80,18 @@ def processes() -> list[tuple[int, int, str]]:
     return found
 
 
+def kill(pids: list[int]) -> int:
+    """SIGKILL each; returns how many were still there to kill."""
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def kill_descendants() -> int:
     """SIGKILL and reap every process this one started (directly or, as subreaper, not);
     returns how many. Reads the sandbox's own /proc; repeats until no child is left, since a
@@ -89,12 +101,7 @@ def kill_descendants() -> int:
         children = [pid for pid, parent, _ in processes() if parent == me]
         if not children:
             break
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+        killed += kill(children)
         for pid in children:
             try:
                 os.waitpid(pid, 0)
@@ -111,12 +118,7 @@ def kill_all_but(keep: set[int], rounds: int = 50) -> int:
         targets = [pid for pid, _, state in processes() if pid != 1 and pid not in keep and state not in "ZX"]
         if not targets:
             break
-        for pid in targets:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+        killed += kill(targets)
     return killed
 
 
