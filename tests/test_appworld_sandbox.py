@@ -103,6 +103,27 @@ def test_model_code_has_no_network_but_loopback(server):
     assert names == {"lo"}
 
 
+def test_model_code_cannot_make_namespaces_or_trace_processes(server):
+    # Each call in a forked, single-threaded child (unshare of a user namespace needs one);
+    # its exit code is the errno (1: EPERM from the seccomp filter), 0 if the call worked.
+    output = probe(server, """
+        import typing
+        C = typing.sys.modules['ctypes']
+        libc = C.CDLL(None, use_errno=True)
+        def errno_of(call, *args):
+            pid = P.fork()
+            if pid == 0:
+                P._exit(0 if call(*args) == 0 else min(C.get_errno(), 100))
+            return P.waitstatus_to_exitcode(P.waitpid(pid, 0)[1])
+        print('user-namespace', errno_of(libc.unshare, 0x10000000))
+        print('net-namespace', errno_of(libc.unshare, 0x40000000))
+        print('ptrace', errno_of(libc.ptrace, 0, 0, None, None))
+        print('fork', errno_of(lambda: 0))
+    """)
+    results = dict(line.split() for line in output.splitlines())
+    assert results == {"user-namespace": "1", "net-namespace": "1", "ptrace": "1", "fork": "0"}, output
+
+
 def test_model_code_gets_a_scrubbed_environment(server):
     names = probe(server, "print(' '.join(sorted(k.decode() for k in P.environ)))").split()
     assert SECRET not in names and "PYTHONPATH" not in names

