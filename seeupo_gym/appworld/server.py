@@ -208,7 +208,8 @@ class AppWorldServer:
         startup_timeout: seconds to wait for the workers to come up.
         sandbox: "bwrap" (default) or "none": run model code unsandboxed, as the caller's
             user, with the caller's file system (unsafe for training; for debugging only).
-        limits: rlimits of each episode's process and the size of its scratch space.
+        limits: rlimits of each episode's process, the memory of the whole cell sandbox and the
+            size of its scratch space (`SandboxLimits`).
     """
 
     def __init__(
