@@ -66,3 +66,24 @@ def test_format_table_is_markdown():
     table = format_table(summarize([Outcome("t", 1.0, True)], k=1))
     assert table.splitlines()[0] == "| category | tasks | avg@1 | pass@1 |"
     assert "| overall | 1 | 1.000 | 1.000 |" in table
+
+
+def test_rollout_metrics_flag_groups_without_learning_signal_and_estimate_entropy():
+    import math
+
+    from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+    from seeupo_gym.algorithms.training.collection import rollout_metrics
+
+    def rollout(group: str, i: int, reward: float, logprobs: list[float]) -> Trajectory:
+        turn = Turn(context_ids=[1, 2], response_ids=[3] * len(logprobs), sample_logprobs=logprobs)
+        return Trajectory(task_id=group, group_id=group, rollout_id=f"{group}-{i}", turns=[turn],
+                          reward=reward, success=reward == 1.0)
+
+    batch = RolloutBatch([
+        rollout("flat", 0, 1.0, [math.log(0.5)]), rollout("flat", 1, 1.0, [math.log(0.5)]),
+        rollout("mixed", 0, 0.0, [math.log(0.25)]), rollout("mixed", 1, 1.0, [0.0]),
+    ])
+    metrics = rollout_metrics(batch, "rollout")
+    assert metrics["rollout/flat_group_rate"] == 0.5
+    assert metrics["rollout/sampled_nll_mean"] == pytest.approx((2 * math.log(2) + math.log(4)) / 4)
+    assert metrics["rollout/reward_mean"] == 0.75

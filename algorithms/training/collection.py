@@ -98,14 +98,24 @@ def collect(
 
 
 def rollout_metrics(batch: RolloutBatch, prefix: str) -> dict[str, float]:
-    """Reward, success, truncation, turns and response length of a batch, under `prefix/`."""
+    """Reward, success, truncation, turns and response length of a batch, under `prefix/`; and
+    two signs of a policy gone deterministic: `flat_group_rate`, the share of groups whose
+    rollouts all got one reward (zero group-relative advantage: nothing to learn from), and
+    `sampled_nll_mean`, the mean -log p of the sampled tokens (a Monte Carlo estimate of the
+    sampling policy's entropy per token)."""
     trajectories = batch.trajectories
     n = len(trajectories)
     if n == 0:
         return {f"{prefix}/trajectories": 0.0}
     turns = [t.num_turns for t in trajectories]
     tokens = [turn.num_response_tokens for t in trajectories for turn in t.turns]
+    logprobs = [lp for t in trajectories for turn in t.turns for lp in turn.sample_logprobs]
+    groups: dict[str, set[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, set()).add(t.reward)
     return {
+        f"{prefix}/flat_group_rate": float(np.mean([len(rewards) == 1 for rewards in groups.values()])),
+        f"{prefix}/sampled_nll_mean": -float(np.mean(logprobs)) if logprobs else 0.0,
         f"{prefix}/trajectories": float(n),
         f"{prefix}/reward_mean": float(np.mean([t.reward for t in trajectories])),
         f"{prefix}/success_rate": float(np.mean([t.success for t in trajectories])),
