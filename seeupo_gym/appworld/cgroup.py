@@ -86,12 +86,6 @@ class MemoryCgroup:
         """Move a process in; what it starts from then on is in too."""
         self._write("cgroup.procs", pid)
 
-    def pids(self) -> list[int]:
-        try:
-            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
-
     def usage_bytes(self) -> int:
         return self._read_int("memory.usage_in_bytes" if self.version == 1 else "memory.current")
 

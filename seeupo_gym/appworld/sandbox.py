@@ -295,18 +295,17 @@ class Launcher:
         inherited = () if control_fd is None else (control_fd,)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
-        filter_fd = seccomp.filter_fd() if self.seccomp else -1
-        command = [part.format(block_fd=block_read, info_fd=info_write, seccomp_fd=filter_fd) for part in command]
+        filters = (seccomp.filter_fd(),) if self.seccomp else ()
+        command = [part.format(block_fd=block_read, info_fd=info_write, seccomp_fd=filters[0] if filters else -1)
+                   for part in command]
         try:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                pass_fds=(*inherited, info_write, block_read, *([filter_fd] if self.seccomp else [])),
+                pass_fds=(*inherited, info_write, block_read, *filters),
             )
         finally:
-            os.close(info_write)
-            os.close(block_read)
-            if self.seccomp:
-                os.close(filter_fd)
+            for fd in (info_write, block_read, *filters):
+                os.close(fd)
         try:
             with os.fdopen(info_read, "rb") as info_file:
                 info = _read_json_object(info_file)
@@ -359,6 +358,7 @@ _CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ra
 def _warn_no_seccomp(reason: str) -> None:
     logger.warning("AppWorld sandboxes run without their seccomp filter (%s): model code can reach every "
                    "system call, including nested user namespaces", reason)
+
 
 _NEEDS = (
     "The AppWorld env runs model code in a bubblewrap sandbox, which needs Linux user namespaces "
