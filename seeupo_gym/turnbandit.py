@@ -11,6 +11,11 @@ Variants (kwarg `variant`):
 - `mixed` (default): even task indices climbing, odd ones random.
 - `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
+- `follow`: instruction following for small LLMs; T=2, K=3; every step names the option to pick
+  ("Pick option B."; a task names distinct options while T <= K), the reward is the fraction of
+  turns on which it was picked. An untrained
+  0.5B model follows the instruction greedily but puts only about half its sampling probability
+  on the named letter, so RL has a preference to sharpen (`make demo`).
 
 The best joint action scores J* = 1 unless `optimum` says otherwise: a number in (0, 1] scales
 every task's rewards so that J* is that number; a range `(low, high)` draws each task's J* from
@@ -43,7 +48,7 @@ from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 
 LABELS = "ABCDEFGH"
-VARIANTS = ("mixed", "climbing", "random", "easy")
+VARIANTS = ("mixed", "climbing", "random", "easy", "follow")
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
 
@@ -66,6 +71,7 @@ class BanditTask:
     goal: str
     options: tuple[tuple[str, ...], ...]  # options[t][k]: text of option k at turn t+1
     rewards: dict[tuple[int, ...], float]  # every joint action -> team reward in [0, 1]
+    instructions: tuple[str, ...] = ()  # per turn, shown with the options (`follow`)
 
     @property
     def num_turns(self) -> int:
@@ -166,6 +172,19 @@ def _easy_task(task_id: str, rng: random.Random, turns: int, options: int, hint:
     return BanditTask(task_id, "easy", goal, tuple(texts), rewards)
 
 
+def _follow_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
+    # Distinct options per task where there are enough: a policy that favours one letter then
+    # gains nothing on average, so RL has to learn to follow the instruction.
+    named = rng.sample(range(options), turns) if turns <= options else [rng.randrange(options) for _ in range(turns)]
+    rewards = {
+        a: sum(int(a[t] == named[t]) for t in range(turns)) / turns
+        for a in itertools.product(range(options), repeat=turns)
+    }
+    instructions = tuple(f"Pick option {LABELS[k]}." for k in named)
+    goal = "Pick the option each step names."
+    return BanditTask(task_id, "follow", goal, _scene_options(rng, turns, options), rewards, instructions)
+
+
 def _optimum_range(optimum: float | tuple[float, float]) -> tuple[float, float]:
     low, high = (optimum, optimum) if isinstance(optimum, (int, float)) else tuple(optimum)
     if not 0 < low <= high <= 1:
@@ -201,6 +220,8 @@ def make_tasks(
         task_id = f"{variant}-{seed}-{i}"
         if variant == "easy":
             task = _easy_task(task_id, rng, rng.randint(low, high), options, hint)
+        elif variant == "follow":
+            task = _follow_task(task_id, rng, rng.randint(low, high), options)
         else:
             kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
             make = _climbing_task if kind == "climbing" else _random_task
@@ -262,9 +283,9 @@ class TurnBanditEnv(gym.Env[str, str]):
         template: ReActTemplate | None = None,
         brief: bool = False,
     ) -> None:
-        if variant == "easy":
+        if variant in ("easy", "follow"):
             turns = turns or (2, 2)
-            options = options or 2
+            options = options or (2 if variant == "easy" else 3)
         self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum)
         self.task_index = {task.task_id: k for k, task in enumerate(self.tasks)}
         self.task_ids: tuple[str, ...] = tuple(task.task_id for task in self.tasks)
@@ -303,7 +324,8 @@ class TurnBanditEnv(gym.Env[str, str]):
     def _step_text(self) -> str:
         assert self.task is not None
         t = len(self._choices)
-        lines = [f"Step {t + 1} of {self.task.num_turns}. Options:"]
+        instruction = f" {self.task.instructions[t]}" if self.task.instructions else ""
+        lines = [f"Step {t + 1} of {self.task.num_turns}.{instruction} Options:"]
         lines += [f"{LABELS[k]}) {text}" for k, text in enumerate(self.task.options[t])]
         lines.append("Answer with one letter.")
         return "\n".join(lines)

@@ -16,6 +16,7 @@ ALL_TASKS = (
     + make_tasks("random", 24, seed=0)
     + make_tasks("easy", 12, seed=0, turns=(2, 3), options=3)
     + make_tasks("climbing", 12, seed=5, turns=(2, 4), options=4)
+    + make_tasks("follow", 12, seed=0, turns=(1, 4), options=4)
 )
 
 
@@ -59,9 +60,26 @@ def test_easy_preset_is_two_turns_two_options_with_a_per_turn_reward():
     assert len(info["messages"][1]["content"]) < 200  # short steps for a small model
 
 
+def test_follow_steps_name_the_option_that_scores():
+    env = TurnBanditEnv(variant="follow", num_tasks=16, brief=True)
+    task = env.tasks[0]
+    assert (task.num_turns, task.num_options) == (2, 3) and sorted(set(task.rewards.values())) == [0.0, 0.5, 1.0]
+    assert len({t.optimal_answers() for t in env.tasks}) > 4  # the named letters vary
+    for task in env.tasks[:6]:
+        named = task.optimal_answers()
+        observation, _ = env.reset(options={"task_id": task.task_id})
+        assert f"Step 1 of 2. Pick option {named[0]}. Options:" in observation
+        observation, reward, *_ = env.step(named[0])
+        assert f"Pick option {named[1]}." in observation and reward == 0.0
+        wrong = next(label for label in "ABC" if label != named[1])
+        *_, reward, terminated, _, info = env.step(wrong)
+        assert terminated and reward == 0.5 and not info["success"]
+
+
 def test_check_env_passes():
     check_env(gym.make("seeupo/TurnBandit-v0").unwrapped)
     check_env(gym.make("seeupo/TurnBandit-v0", variant="easy").unwrapped)
+    check_env(gym.make("seeupo/TurnBandit-v0", variant="follow").unwrapped)
 
 
 def test_spaces_are_short_unicode_text():
@@ -212,7 +230,7 @@ def test_valid_actions_report_an_empty_action_error():
     assert (info["action_error"], info["invalid_action"]) == ("", False)
 
 
-@pytest.mark.parametrize("variant", ["climbing", "random", "easy"])
+@pytest.mark.parametrize("variant", ["climbing", "random", "easy", "follow"])
 def test_optimal_answers_are_labels_the_env_accepts_and_earn_j_star(variant):
     env = TurnBanditEnv(variant=variant, num_tasks=6)
     for task in env.tasks:
