@@ -231,6 +231,27 @@ def frozen_logprobs(
     return {sample_key(s): row for s, row in zip(samples, _split(tokens))}
 
 
+def old_logprobs(
+    learner: Learner, samples: Sequence[TurnSample], minibatch_size: int, epochs: int
+) -> dict[SampleKey, torch.Tensor] | None:
+    """`frozen_logprobs`, or None when the update is one optimizer step over all of `samples`.
+
+    Then the weights being optimized are the weights the old logprobs would come from, so the
+    gradient pass's own logprobs, detached, are the old ones (`old_or_detached`): the same loss
+    and gradient without a second forward over every token.
+    """
+    if epochs == 1 and len(samples) <= minibatch_size:
+        return None
+    return frozen_logprobs(learner, samples)
+
+
+def old_or_detached(
+    old: dict[SampleKey, torch.Tensor] | None, samples: Sequence[TurnSample], new: torch.Tensor
+) -> torch.Tensor:
+    """The old logprobs of `samples` shaped like `new`: gathered from `old`, or `new` detached."""
+    return new.detach() if old is None else gather(old, samples, new)
+
+
 def frozen_values(learner: Learner, samples: Sequence[TurnSample]) -> dict[SampleKey, torch.Tensor]:
     """Value estimates of every sample's response tokens, without autograd, keyed like `frozen_logprobs`."""
     with torch.no_grad():

@@ -39,7 +39,7 @@ class GRPO(Algorithm):
         self.schedule = []
         advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples)
+        old = core.old_logprobs(learner, samples, cfg.minibatch_size, cfg.epochs)
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
         steps = []
@@ -51,7 +51,7 @@ class GRPO(Algorithm):
                 token_advantages = core.per_sample(advantages, part, new.logprobs).unsqueeze(1).expand_as(new.logprobs)
                 return core.token_policy_loss(
                     new,
-                    core.gather(old, part, new.logprobs),
+                    core.old_or_detached(old, part, new.logprobs),
                     token_advantages,
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,

@@ -36,7 +36,7 @@ class GSPO(Algorithm):
         self.schedule = []
         advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
-        old = core.frozen_logprobs(learner, samples)
+        old = core.old_logprobs(learner, samples, cfg.minibatch_size, cfg.epochs)
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
         steps = []
@@ -46,7 +46,7 @@ class GSPO(Algorithm):
             def loss(part, new, values):
                 return core.sequence_policy_loss(
                     new,
-                    core.gather(old, part, new.logprobs),
+                    core.old_or_detached(old, part, new.logprobs),
                     core.per_sample(advantages, part, new.logprobs),
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,

@@ -190,3 +190,28 @@ def test_grpo_feeds_each_trajectory_once_per_pass(tiny):
     packed = sum(len(t.turns[-1].context_ids) + len(t.turns[-1].response_ids) for t in batch)
     assert learner.tokens_fed["policy"] == 2 * packed  # the old pass and the gradient pass
     assert learner.tokens_fed["reference"] == packed
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo"])
+def test_a_one_step_update_skips_the_old_pass_and_changes_nothing_else(tiny, monkeypatch, name):
+    model, tokenizer = tiny
+    batch = synthetic_batch(num_tasks=2, group_size=3, max_turns=3, seed=3)
+    packed = sum(len(t.turns[-1].context_ids) + len(t.turns[-1].response_ids) for t in batch)
+    options = {"kl_coef": 0.1, "minibatch_size": 64}
+    skipped, skipped_policy, _ = learner_for(model, tokenizer, budget=64)
+    skipped_metrics = make_algorithm(name, options).update(batch, skipped, torch.Generator().manual_seed(0))
+    assert skipped.tokens_fed["policy"] == packed  # the gradient pass alone
+
+    from seeupo_gym.algorithms import core
+
+    recomputing = lambda learner, samples, *_: core.frozen_logprobs(learner, samples)  # noqa: E731
+    monkeypatch.setattr(core, "old_logprobs", recomputing)
+    full, full_policy, _ = learner_for(model, tokenizer, budget=64)
+    full_metrics = make_algorithm(name, options).update(batch, full, torch.Generator().manual_seed(0))
+    assert full.tokens_fed["policy"] == 2 * packed
+    for key, value in full_metrics.items():
+        assert skipped_metrics[key] == pytest.approx(value, abs=1e-6), key
+    for (label, a), b in zip(full_policy.named_parameters(), skipped_policy.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=label)
+    moved = max((a - b).abs().max().item() for a, b in zip(model.parameters(), skipped_policy.parameters()))
+    assert moved > 1e-4  # the update did something to compare
