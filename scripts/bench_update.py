@@ -71,7 +71,8 @@ def minimum_tokens(name: str, batch: RolloutBatch, options: dict) -> dict[str, i
     """Tokens each model must be fed per update, by algorithm.
 
     grpo / gspo / ppo: an old pass and a gradient pass over each packed trajectory per epoch
-    (plus a reference pass when kl_coef > 0; ppo: the same two passes of the value model).
+    (plus a reference pass when kl_coef > 0; ppo: the same two passes of the value model);
+    grpo / gspo with one optimizer step over the batch need no old pass (`core.old_logprobs`).
     seeupo: old and reference passes packed, then the gradient passes of pool t are prefix-length
     (context_t + response_t per trajectory, per epoch) because the parameters change between
     pools; the ratios after pool t score the same prefixes again for trajectories with a pool to come.
@@ -80,7 +81,9 @@ def minimum_tokens(name: str, batch: RolloutBatch, options: dict) -> dict[str, i
     epochs, kl = options.get("epochs", 1), options.get("kl_coef", 0.002) > 0
     out = {"reference": packed if kl else 0}
     if name != "seeupo":
-        out["policy"] = packed + epochs * packed
+        samples = sum(len(t.turns) for t in batch)
+        one_step = name in ("grpo", "gspo") and epochs == 1 and samples <= options.get("minibatch_size", 64)
+        out["policy"] = (0 if one_step else packed) + epochs * packed
         if name == "ppo":
             out["value"] = packed + epochs * packed
         return out
