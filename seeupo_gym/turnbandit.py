@@ -13,9 +13,8 @@ Variants (kwarg `variant`):
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
 - `follow`: instruction following for small LLMs; T=2, K=3; every step names the option to pick
   ("Pick option B."; a task names distinct options while T <= K), the reward is the fraction of
-  turns on which it was picked. An untrained
-  0.5B model follows the instruction greedily but puts only about half its sampling probability
-  on the named letter, so RL has a preference to sharpen (`make demo`).
+  turns on which it was picked. The untrained 0.5B model follows greedily but samples the named
+  letter only 0.48 (K=3) to 0.62 (K=2) of the time: a preference RL can sharpen (`make demo`).
 
 The best joint action scores J* = 1 unless `optimum` says otherwise: a number in (0, 1] scales
 every task's rewards so that J* is that number; a range `(low, high)` draws each task's J* from
