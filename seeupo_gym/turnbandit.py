@@ -155,6 +155,15 @@ def _random_task(task_id: str, rng: random.Random, turns: int, options: int) -> 
     return BanditTask(task_id, "random", goal, _scene_options(rng, turns, options), rewards)
 
 
+def _per_turn_rewards(right: Sequence[int], options: int) -> dict[tuple[int, ...], float]:
+    """Every joint action's reward: the share of turns t on which it picked option right[t]."""
+    turns = len(right)
+    return {
+        a: sum(int(a[t] == right[t]) for t in range(turns)) / turns
+        for a in itertools.product(range(options), repeat=turns)
+    }
+
+
 def _easy_task(task_id: str, rng: random.Random, turns: int, options: int, hint: bool) -> BanditTask:
     texts, fruit_at = [], []
     for _ in range(turns):
@@ -163,25 +172,18 @@ def _easy_task(task_id: str, rng: random.Random, turns: int, options: int, hint:
         items.insert(position, rng.choice(_FRUITS))
         texts.append(tuple(items))
         fruit_at.append(position)
-    rewards = {
-        a: sum(int(a[t] == fruit_at[t]) for t in range(turns)) / turns
-        for a in itertools.product(range(options), repeat=turns)
-    }
     goal = "Pick the fruit at every step." if hint else "Find the hidden prize."
-    return BanditTask(task_id, "easy", goal, tuple(texts), rewards)
+    return BanditTask(task_id, "easy", goal, tuple(texts), _per_turn_rewards(fruit_at, options))
 
 
 def _follow_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
     # Distinct options per task where there are enough: a policy that favours one letter then
     # gains nothing on average, so RL has to learn to follow the instruction.
     named = rng.sample(range(options), turns) if turns <= options else [rng.randrange(options) for _ in range(turns)]
-    rewards = {
-        a: sum(int(a[t] == named[t]) for t in range(turns)) / turns
-        for a in itertools.product(range(options), repeat=turns)
-    }
     instructions = tuple(f"Pick option {LABELS[k]}." for k in named)
     goal = "Pick the option each step names."
-    return BanditTask(task_id, "follow", goal, _scene_options(rng, turns, options), rewards, instructions)
+    options_text = _scene_options(rng, turns, options)
+    return BanditTask(task_id, "follow", goal, options_text, _per_turn_rewards(named, options), instructions)
 
 
 def _optimum_range(optimum: float | tuple[float, float]) -> tuple[float, float]:

@@ -18,6 +18,7 @@ import seeupo_gym  # noqa: F401  (registers the env ids)
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
 from seeupo_gym.agents.scoring import linear_logprobs, pack_sequences, response_logprobs
 from seeupo_gym.agents.vector import VectorAgent
+from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.base import load_plugin, make_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone, plan_microbatches
@@ -201,8 +202,6 @@ def test_a_one_step_update_skips_the_old_pass_and_changes_nothing_else(tiny, mon
     skipped, skipped_policy, _ = learner_for(model, tokenizer, budget=64)
     skipped_metrics = make_algorithm(name, options).update(batch, skipped, torch.Generator().manual_seed(0))
     assert skipped.tokens_fed["policy"] == packed  # the gradient pass alone
-
-    from seeupo_gym.algorithms import core
 
     recomputing = lambda learner, samples, *_: core.frozen_logprobs(learner, samples)  # noqa: E731
     monkeypatch.setattr(core, "old_logprobs", recomputing)
