@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.algorithms.base import make_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
-from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+from seeupo_gym.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
 
 MEMORY_MINIBATCHES = (2, 8, 32, 128)
 

@@ -31,7 +31,7 @@ TORCH = "torch==2.13.0"
 BFCL_EVAL = "bfcl-eval==2026.3.23"
 
 CHECK_NAMESPACES = """
-import agents, seeupo_gym.agents, seeupo_gym.algorithms.training.trainer
+import agents, seeupo_gym.agents, seeupo_gym.training.trainer
 assert hasattr(agents, "Agent"), "top-level agents is not openai-agents"
 assert seeupo_gym.agents.__name__ == "seeupo_gym.agents"
 print("agents ->", agents.__file__, "| seeupo_gym.agents ->", seeupo_gym.agents.__file__)

@@ -153,8 +153,8 @@ def test_seeupo_train_with_vllm_generation_samples_what_the_learner_scores_after
 
     from seeupo_gym.agents.backends import SamplingParams
     from seeupo_gym.agents.scoring import response_logprobs
-    from seeupo_gym.algorithms.training.cli import train_main
-    from seeupo_gym.algorithms.training.trainer import Trainer
+    from seeupo_gym.training.cli import train_main
+    from seeupo_gym.training.trainer import Trainer
 
     initial, tokenizer = load_model("tiny", seed=0)  # tiny-cpu trains the tiny model of seed 0
     prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from seeupo_gym.algorithms.training import cli
-from seeupo_gym.algorithms.training.config import ConfigError, config_from_dict
-from seeupo_gym.algorithms.training.trainer import build_algorithm, check_trackers
+from seeupo_gym.training import cli
+from seeupo_gym.training.config import ConfigError, config_from_dict
+from seeupo_gym.training.trainer import build_algorithm, check_trackers
 
 TURNBANDIT = ["--env", "seeupo/TurnBandit-v0", "--env-kwargs", json.dumps({"variant": "easy", "num_tasks": 2, "max_turns": 2}),
               "--max-tasks", "1", "--num-envs", "1", "env.max_context_tokens=1024"]
@@ -92,7 +92,7 @@ def test_an_unknown_algorithm_points_at_plugins():
 
 
 def test_seeupo_eval_without_a_config_bounds_responses_and_says_so(monkeypatch, capsys):
-    import seeupo_gym.algorithms.training.evaluation as evaluation
+    import seeupo_gym.training.evaluation as evaluation
 
     asked = {}
 

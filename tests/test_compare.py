@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from seeupo_gym.algorithms.training.config import ConfigError
-from seeupo_gym.algorithms.training.compare.cli import main
-from seeupo_gym.algorithms.training.compare.plan import EvalPlan, build_plan, eval_steps, load_raw, parse_algorithms
-from seeupo_gym.algorithms.training.compare.report import write_report
-from seeupo_gym.algorithms.training.compare.stats import final_rows, read_records
+from seeupo_gym.training.config import ConfigError
+from seeupo_gym.training.compare.cli import main
+from seeupo_gym.training.compare.plan import EvalPlan, build_plan, eval_steps, load_raw, parse_algorithms
+from seeupo_gym.training.compare.report import write_report
+from seeupo_gym.training.compare.stats import final_rows, read_records
 
 TINY = {
     "model": {"name_or_path": "tiny"},

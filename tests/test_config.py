@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config, save_config
-from seeupo_gym.algorithms.training.trainer import build_algorithm
+from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
+from seeupo_gym.training.trainer import build_algorithm
 
-from seeupo_gym.algorithms.training.config import PRESETS_DIR as CONFIGS
+from seeupo_gym.training.config import PRESETS_DIR as CONFIGS
 
 
 def test_defaults_are_the_papers():

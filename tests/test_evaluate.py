@@ -8,10 +8,10 @@ import pytest
 
 from seeupo_gym.agents.backends import Completion
 from seeupo_gym.agents.models import load_model
-from seeupo_gym.algorithms.training.metrics import Outcome, pass_at_k, summarize
-from seeupo_gym.algorithms.training.checkpoint import load_policy
-from seeupo_gym.algorithms.training.cli import eval_main as main, resolve_config
-from seeupo_gym.algorithms.training.evaluation import EvalResult, evaluate_policy
+from seeupo_gym.training.metrics import Outcome, pass_at_k, summarize
+from seeupo_gym.training.checkpoint import load_policy
+from seeupo_gym.training.cli import eval_main as main, resolve_config
+from seeupo_gym.training.evaluation import EvalResult, evaluate_policy
 from seeupo_gym.turnbandit import make_tasks
 
 EASY = {"variant": "easy", "num_tasks": 6, "max_turns": 2}
@@ -123,8 +123,8 @@ def test_bfcl_results_are_split_by_category(tiny):
 def test_a_trainer_checkpoint_loads_with_the_trained_weights(tmp_path, lora):
     import torch
 
-    from seeupo_gym.algorithms.training.config import load_config
-    from seeupo_gym.algorithms.training.trainer import Trainer
+    from seeupo_gym.training.config import load_config
+    from seeupo_gym.training.trainer import Trainer
 
     overrides = [
         "model.name_or_path=tiny", "env.id=seeupo/TurnBandit-v0", "env.kwargs={variant: easy, max_turns: 2}",

@@ -12,7 +12,7 @@ from trainer_helpers import synthetic_batch
 
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.agents.scoring import response_logprobs
-from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+from seeupo_gym.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
 
 
 @pytest.fixture(scope="module")

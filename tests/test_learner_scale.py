@@ -21,7 +21,7 @@ from seeupo_gym.agents.vector import VectorAgent
 from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.base import load_plugin, make_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
-from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone, plan_microbatches
+from seeupo_gym.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone, plan_microbatches
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

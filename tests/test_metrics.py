@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from seeupo_gym.algorithms.training.metrics import Outcome, format_table, pass_at_k, summarize
+from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 
 def test_pass_at_k_with_n_equal_k_is_any_success():
@@ -72,7 +72,7 @@ def test_rollout_metrics_flag_groups_without_learning_signal_and_estimate_entrop
     import math
 
     from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
-    from seeupo_gym.algorithms.training.collection import rollout_metrics
+    from seeupo_gym.training.collection import rollout_metrics
 
     def rollout(group: str, i: int, reward: float, logprobs: list[float]) -> Trajectory:
         turn = Turn(context_ids=[1, 2], response_ids=[3] * len(logprobs), sample_logprobs=logprobs)

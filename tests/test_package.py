@@ -13,7 +13,7 @@ def test_importing_seeupo_gym_pulls_in_nothing_heavy():
 
 
 def test_the_three_layers_import_under_the_seeupo_gym_namespace():
-    subprocess.run([sys.executable, "-c", "import seeupo_gym.agents, seeupo_gym.algorithms.training.trainer"], check=True)
+    subprocess.run([sys.executable, "-c", "import seeupo_gym.agents, seeupo_gym.training.trainer"], check=True)
 
 
 def test_pyproject_lists_every_package_folder():
@@ -47,7 +47,7 @@ def test_torch_is_a_range_and_the_license_ships():
 
 
 def test_presets_ship_with_the_package_and_load_by_name():
-    from seeupo_gym.algorithms.training.config import load_config, presets
+    from seeupo_gym.training.config import load_config, presets
 
     assert {"tiny-cpu", "tiny-turnbandit", "demo"} <= set(presets())
     config = load_config("tiny-turnbandit")

@@ -14,9 +14,9 @@ import pytest
 from trainer_helpers import ROOT, SHORT_TASKS, tiny_config, trainable_changed
 
 from seeupo_gym.agents.models import load_model
-from seeupo_gym.algorithms.training.config import ConfigError
-from seeupo_gym.algorithms.training.checkpoint import checkpoints
-from seeupo_gym.algorithms.training.trainer import RolloutError, Trainer
+from seeupo_gym.training.config import ConfigError
+from seeupo_gym.training.checkpoint import checkpoints
+from seeupo_gym.training.trainer import RolloutError, Trainer
 
 
 # Episodes of 2 turns where the turn structure matters to the update (SeeUPO's turn pools,
@@ -67,7 +67,7 @@ def test_lora_run_trains_only_the_adapter(tmp_path):
 
 
 def test_cli_trains_a_step_on_real_bfcl_evaluates_and_writes_metrics_tensorboard_and_checkpoint(tmp_path):
-    from seeupo_gym.algorithms.training.cli import train_main as main
+    from seeupo_gym.training.cli import train_main as main
 
     out = tmp_path / "cli"
     code = main([
@@ -94,7 +94,7 @@ def test_cli_trains_a_step_on_real_bfcl_evaluates_and_writes_metrics_tensorboard
 
 
 def test_cli_reports_a_bad_config_key_and_exits_2(tmp_path, capsys):
-    from seeupo_gym.algorithms.training.cli import train_main as main
+    from seeupo_gym.training.cli import train_main as main
 
     assert main(["--config", "tiny-cpu", "optim.learning_rate=1"]) == 2
     assert "optim.learning_rate" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def ran_gloo(result: subprocess.CompletedProcess) -> bool:
 def test_accelerate_launch_two_cpu_processes_trains_a_step(tmp_path):
     out = tmp_path / "run"
     result = launch(
-        2, "-m", "seeupo_gym.algorithms.training.cli", "--config", "tiny-cpu",
+        2, "-m", "seeupo_gym.training.cli", "--config", "tiny-cpu",
         "--plugin", str(ROOT / "tests" / "trainer_helpers.py"), f"env.id={SHAPED_BFCL_ID}",
         f"env.train_tasks=[{', '.join(SHORT_TASKS)}]", "env.kwargs={max_turns: 2}", "train.steps=1",
         "train.tasks_per_step=2", "sampling.max_new_tokens=4", f"log.output_dir={out}", "log.progress_bars=false",

@@ -9,7 +9,7 @@ from trainer_helpers import tiny_config, trainable_changed
 
 from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from seeupo_gym.algorithms.training.trainer import Trainer
+from seeupo_gym.training.trainer import Trainer
 
 
 @dataclass

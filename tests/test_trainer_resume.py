@@ -8,8 +8,8 @@ import pytest
 import torch
 from trainer_helpers import tiny_config
 
-from seeupo_gym.algorithms.training.checkpoint import checkpoints
-from seeupo_gym.algorithms.training.trainer import Trainer
+from seeupo_gym.training.checkpoint import checkpoints
+from seeupo_gym.training.trainer import Trainer
 
 
 @pytest.mark.parametrize("algorithm", ["seeupo"])

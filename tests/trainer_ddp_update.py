@@ -20,7 +20,7 @@ from trainer_helpers import synthetic_batch  # noqa: E402
 
 from seeupo_gym.agents.models import load_model  # noqa: E402
 from seeupo_gym.algorithms.base import make_algorithm  # noqa: E402
-from seeupo_gym.algorithms.training.learner import LLMLearner, frozen_copy  # noqa: E402
+from seeupo_gym.training.learner import LLMLearner, frozen_copy  # noqa: E402
 
 
 def main() -> None:

@@ -9,13 +9,13 @@ import gymnasium as gym
 
 from pathlib import Path
 
-from seeupo_gym.algorithms.training.config import PRESETS_DIR
+from seeupo_gym.training.config import PRESETS_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
 import torch
 
-from seeupo_gym.algorithms.training.config import Config, load_config
+from seeupo_gym.training.config import Config, load_config
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from seeupo_gym.algorithms.training.config import Config, ConfigError
-from seeupo_gym.algorithms.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
+from seeupo_gym.training.config import Config, ConfigError
+from seeupo_gym.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
 
 
 @dataclasses.dataclass

@@ -13,9 +13,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from seeupo_gym.algorithms.training.compare.plots import plot_curves
-from seeupo_gym.algorithms.training.compare.stats import Row, collect_series, final_rows, read_records, window_width
-from seeupo_gym.algorithms.training.config import ConfigError
+from seeupo_gym.training.compare.plots import plot_curves
+from seeupo_gym.training.compare.stats import Row, collect_series, final_rows, read_records, window_width
+from seeupo_gym.training.config import ConfigError
 
 # The comparison's own record: command, settings, eval tasks, runs, wall time, failures.
 RUN_INFO = "run.json"

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.algorithms.training.compare.plan import ComparePlan, RunSpec, eval_steps
-from seeupo_gym.algorithms.training.compare.report import RUN_INFO, write_report
-from seeupo_gym.algorithms.training.compare.stats import read_records
+from seeupo_gym.training.compare.plan import ComparePlan, RunSpec, eval_steps
+from seeupo_gym.training.compare.report import RUN_INFO, write_report
+from seeupo_gym.training.compare.stats import read_records
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> P
 def _run_one(
     run: RunSpec, plan: ComparePlan, bar: Any, done: list[int], start_evals: dict[str, dict[str, float]], progress: bool
 ) -> None:
-    from seeupo_gym.algorithms.training.trainer import Trainer
+    from seeupo_gym.training.trainer import Trainer
 
     name = f"{run.label}/seed-{run.seed}"
     points = set(eval_steps(run.config.train.steps, plan.eval.every, plan.eval.at_start))

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from seeupo_gym.algorithms.training.metrics import Outcome, format_table, pass_at_k, summarize
+from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seeupo_gym.algorithms.training.config import ConfigError
+from seeupo_gym.training.config import ConfigError
 
 
 def env_task_ids(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:

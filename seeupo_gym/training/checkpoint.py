@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from seeupo_gym.algorithms.training.config import Config, ConfigError, save_config
+from seeupo_gym.training.config import Config, ConfigError, save_config
 
 CHECKPOINT_PREFIX = "step-"
 HF_FOLDER = "hf"

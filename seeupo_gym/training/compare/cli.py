@@ -15,7 +15,7 @@ import logging
 import shlex
 import sys
 
-from seeupo_gym.algorithms.training.compare.plan import (
+from seeupo_gym.training.compare.plan import (
     EvalPlan,
     build_plan,
     load_raw,
@@ -23,8 +23,8 @@ from seeupo_gym.algorithms.training.compare.plan import (
     parse_seeds,
     parse_sets,
 )
-from seeupo_gym.algorithms.training.compare.report import write_report
-from seeupo_gym.algorithms.training.config import ConfigError, config_from_dict
+from seeupo_gym.training.compare.report import write_report
+from seeupo_gym.training.config import ConfigError, config_from_dict
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seeupo-compare: {len(plan.runs)} run(s) ({runs}), {len(plan.eval_tasks)} eval tasks -> {plan.output_dir}",
           file=sys.stderr)
     command = "seeupo-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    from seeupo_gym.algorithms.training.compare.run import run_all
+    from seeupo_gym.training.compare.run import run_all
 
     folder = run_all(plan, progress=not args.no_progress, command=command)
     print(f"report: {folder / 'report.md'}")

@@ -27,10 +27,10 @@ from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, available_algorithms, load_plugin, make_algorithm
-from seeupo_gym.algorithms.training import checkpoint as ckpt
-from seeupo_gym.algorithms.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
-from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config, save_config
-from seeupo_gym.algorithms.training.tasks import env_task_ids
+from seeupo_gym.training import checkpoint as ckpt
+from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
+from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
+from seeupo_gym.training.tasks import env_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Trainer:
 
         import seeupo_gym  # noqa: F401  (registers the env ids; cheap)
 
-        from seeupo_gym.algorithms.training.policy import build_policy
+        from seeupo_gym.training.policy import build_policy
 
         self.config = config = _as_config(config)
         self.algorithm = build_algorithm(config)
@@ -351,7 +351,7 @@ class Trainer:
         """
         from accelerate.utils import broadcast_object_list
 
-        from seeupo_gym.algorithms.training.evaluation import eval_record, evaluate_policy
+        from seeupo_gym.training.evaluation import eval_record, evaluate_policy
 
         cfg, env, sampling = self.config.train, self.config.env, self.config.sampling
         record: dict[str, float] | None = None

@@ -3,7 +3,7 @@
     seeupo-train --config tiny-cpu                                   # a preset name or a YAML path
     seeupo-train --config tiny-cpu algorithm.name=grpo train.steps=5
     seeupo-train --config bfcl-seeupo --plugin my_algo.py algorithm.name=my_algo
-    accelerate launch --num_processes 2 -m seeupo_gym.algorithms.training.cli --config tiny-cpu
+    accelerate launch --num_processes 2 -m seeupo_gym.training.cli --config tiny-cpu
 
     seeupo-eval --model embedded --env seeupo/TurnBandit-v0 --env-kwargs '{"variant": "easy"}' -k 4
     seeupo-eval --checkpoint runs/demo/seeupo/seed-0/checkpoints/step-8 -k 4 -n 8 --out eval.json
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from seeupo_gym.algorithms.training.config import Config, ConfigError, config_from_dict, load_config
+from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
 
 # seeupo-eval's response budget when no config says otherwise: a random or untrained model
 # rarely stops by itself, and the training default (1024 per turn, 10 turns) keeps a CPU busy
@@ -107,7 +107,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
-        from seeupo_gym.algorithms.training.trainer import Trainer
+        from seeupo_gym.training.trainer import Trainer
 
         check_model_source(config.model.name_or_path)
         trainer = Trainer(config)
@@ -194,7 +194,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         else:
-            from seeupo_gym.algorithms.training.tasks import env_task_ids
+            from seeupo_gym.training.tasks import env_task_ids
 
             tasks = list(config.env.eval_tasks or env_task_ids(config.env.id, config.env.kwargs))
         if args.max_tasks is not None:
@@ -207,7 +207,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         max_new_tokens = args.max_new_tokens or (
             config.sampling.max_new_tokens if _settings_given(args) else EVAL_MAX_NEW_TOKENS
         )
-        from seeupo_gym.algorithms.training.checkpoint import HF_FOLDER, load_policy
+        from seeupo_gym.training.checkpoint import HF_FOLDER, load_policy
 
         if args.checkpoint is None or not (Path(args.checkpoint) / HF_FOLDER).is_dir():
             check_model_source(config.model.name_or_path)
@@ -222,7 +222,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
     from seeupo_gym.agents.backends import HFBackend
-    from seeupo_gym.algorithms.training.evaluation import evaluate_policy
+    from seeupo_gym.training.evaluation import evaluate_policy
 
     result = evaluate_policy(
         HFBackend(model, tokenizer),
@@ -276,7 +276,7 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
     parser.add_argument("out", help="the folder to write (config.json, safetensors, tokenizer)")
     args = parser.parse_args(argv)
-    from seeupo_gym.algorithms.training.checkpoint import export_merged
+    from seeupo_gym.training.checkpoint import export_merged
 
     try:
         config = resolve_config(None, args.checkpoint, [])

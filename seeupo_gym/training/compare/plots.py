@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from seeupo_gym.algorithms.training.compare.stats import collect_series
+from seeupo_gym.training.compare.stats import collect_series
 
 
 def plot_curves(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, path: Path, title: str) -> None:

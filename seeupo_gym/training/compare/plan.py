@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from seeupo_gym.algorithms.training.config import (
+from seeupo_gym.training.config import (
     Config,
     ConfigError,
     apply_override,
@@ -154,8 +154,8 @@ def build_plan(
     save_checkpoints: bool = False,
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
-    from seeupo_gym.algorithms.training.tasks import env_task_ids
-    from seeupo_gym.algorithms.training.trainer import build_algorithm, check_trackers
+    from seeupo_gym.training.tasks import env_task_ids
+    from seeupo_gym.training.trainer import build_algorithm, check_trackers
 
     options = options or {}
     unknown = sorted(set(options) - set(algorithms))
