@@ -31,6 +31,8 @@ class LoraConfig:
 
     r: int = 16
     alpha: int = 32
+    # Must be 0: every pass of the policy is deterministic (ratios compare two passes of the
+    # same weights), so the learner disables dropout; a value > 0 is refused, not ignored.
     dropout: float = 0.0
     # "all-linear" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].
     target_modules: str | list[str] = "all-linear"
@@ -372,6 +374,11 @@ def _check_values(config: Config) -> None:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {config.sampling.top_p}")
     if config.model.lora is not None:
         positive("model.lora.r", config.model.lora.r)
+        if config.model.lora.dropout != 0:
+            raise ConfigError(
+                f"model.lora.dropout is {config.model.lora.dropout}; it must be 0: ratios compare two passes "
+                "of the same weights, which dropout would make differ (the learner disables all dropout)"
+            )
     for key, tasks in (("env.train_tasks", config.env.train_tasks), ("env.eval_tasks", config.env.eval_tasks)):
         if tasks is not None and not tasks:
             raise ConfigError(f"{key} is an empty list; give task ids or null for all of the env's tasks")

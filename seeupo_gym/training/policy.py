@@ -30,12 +30,13 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
     model, tokenizer = load_model(
         cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
     )
+    disable_dropout(model)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora is not None:
             model.enable_input_require_grads()
-    # Ratios must be exact, so no dropout in any pass: eval mode throughout, except that
-    # transformers only checkpoints activations in train mode (then keep dropout at 0).
+    # transformers checkpoints activations only in train mode; with dropout disabled above,
+    # train mode changes nothing else, so every pass stays deterministic either way.
     model.train(cfg.model.gradient_checkpointing)
     # With LoRA the reference is the base with the adapter disabled: no copy.
     reference = None if lora is not None else frozen_copy(model)
@@ -46,6 +47,7 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
         critic_lm, _ = load_model(
             cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(acc.device), lora=lora, seed=cfg.train.seed
         )
+        disable_dropout(critic_lm)
         value_model = ValueModel(lm_backbone(critic_lm), critic_lm.config.hidden_size).to(acc.device)
         value_model.eval()
         value_optimizer = _optimizer(config, value_model, cfg.optim.value_lr)
@@ -65,6 +67,27 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
         max_tokens_per_microbatch=cfg.model.max_tokens_per_microbatch,
     )
     return Policy(model, tokenizer, optimizer, value_model, value_optimizer, learner)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Make every pass deterministic, in train mode too: every dropout layer and every dropout
+    probability a module reads from its config at forward time (attention dropout) set to 0.
+
+    Ratios compare two passes of the same weights (old vs new, M's factors); dropout noise would
+    make them differ where nothing changed. Covers the reference as well: it is a copy of this
+    model or the same model with its adapter disabled.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            for name, value in config.to_dict().items():
+                if "dropout" in name and isinstance(value, float):
+                    setattr(config, name, 0.0)
 
 
 def _optimizer(config: Config, module: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
