@@ -109,6 +109,9 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.002
+    # KL(pi || pi_ref) per token: k1 | k2 | k3 | low_var_kl (k3 clamped to [-10, 10] as verl;
+    # low_var_kl is verl's name for the same estimator).
+    kl_estimator: str = "k3"
     # Sample reuse: every sample takes part in `epochs` passes, in minibatches of this many
     # samples; the same for every algorithm so that comparisons spend equal compute.
     epochs: int = 1
@@ -121,6 +124,15 @@ class AlgorithmConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.epochs < 1 or self.minibatch_size < 1:
             raise ValueError(f"epochs and minibatch_size must be >= 1, got {self.epochs}/{self.minibatch_size}")
+        from seeupo_gym.algorithms.core import KL_ESTIMATORS  # core imports this module
+
+        self.require_choice("kl_estimator", KL_ESTIMATORS)
+
+    def require_dual_clip(self) -> None:
+        """Check a `clip_ratio_c` option: None (off) or a bound > 1 on the ratio where A < 0."""
+        c = getattr(self, "clip_ratio_c")
+        if c is not None and not c > 1:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual clip) or null (off), got {c}")
 
     def require_choice(self, option: str, allowed: Sequence[str]) -> None:
         """Reject a string option outside `allowed`, naming the option and the choices."""

@@ -1,7 +1,8 @@
 """Shared parts of every algorithm, each defined once.
 
 The first half are pure functions, tensors in and tensors out: advantages, ratios, the
-clipped objective, the k3 KL, loss aggregation, GAE and the value loss. The second half is
+clipped objective (with PPO's dual clip), the KL estimators, loss aggregation, GAE and the
+value loss. The second half is
 the small amount of glue the algorithm modules share: per-trajectory advantages of a batch,
 logprobs recomputed at the start of a step keyed by sample, minibatching, and the two policy
 losses (token-level and sequence-level) assembled from the pure parts.
@@ -12,12 +13,17 @@ micro-batches a learner cuts add up to the minibatch loss exactly (token-mean ov
 minibatch, not a mean of micro-batch means). Without `totals` a tensor is its own minibatch.
 
 Shapes: `[n, L]` tensors are per-token, right-padded, with a boolean `mask` of real tokens.
+
+Sequences in a multi-turn batch. A row is one turn's response; a "sequence" (the unit of the
+`seq-mean-*` aggregations and of GSPO's ratio) is either that turn (`turn`, the SeeUPO paper's
+per-turn sequences) or the whole trajectory, all turns' response tokens together (`trajectory`,
+verl's: one row per trajectory, observation tokens masked). `token-mean` is the same either way.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Sequence
 
 import torch
@@ -27,7 +33,16 @@ from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 NORMALIZATIONS = ("none", "group", "batch")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+SEQUENCES = ("turn", "trajectory")
+# k3 and low_var_kl are one estimator under two names, as in verl.
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 EPS = 1e-6
+# Token log-ratios are clamped before exp (as verl): beyond e^20 every ratio is clipped anyway,
+# and exp of a larger one overflows float32 into inf * 0 = nan gradients.
+LOG_RATIO_CLAMP = 20.0
+# The k3 estimate is clamped to [-KL_CLAMP, KL_CLAMP] (verl's low_var_kl): one token far from the
+# reference gives e^|log-ratio|, which would otherwise swamp the loss and its gradient.
+KL_CLAMP = 10.0
 
 # ---------------------------------------------------------------------------------------
 # Pure functions
@@ -65,8 +80,9 @@ def group_advantages(
 
 
 def token_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`rho = exp(l_new - l_old)` per token; 1 at padding."""
-    return torch.exp(torch.where(mask, logp_new - logp_old, torch.zeros_like(logp_new)))
+    """`rho = exp(l_new - l_old)` per token, the log-ratio clamped to +-LOG_RATIO_CLAMP; 1 at padding."""
+    log_ratio = torch.clamp(logp_new - logp_old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(torch.where(mask, log_ratio, torch.zeros_like(logp_new)))
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -83,10 +99,21 @@ def sequence_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.T
 
 
 def clipped_objective(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float | None = None,
 ) -> torch.Tensor:
-    """`clip_obj(r, A) = min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)`, elementwise (to be maximized)."""
-    return torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages)
+    """`clip_obj(r, A) = min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)`, elementwise (to be maximized).
+
+    clip_ratio_c: dual clip (Ye et al. 2020, verl's `clip_ratio_c`): where A < 0 the objective is
+    at least `c*A`, so a token whose probability grew far (r > c) adds a bounded loss and no gradient.
+    """
+    objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages)
+    if clip_ratio_c is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, clip_ratio_c * advantages), objective)
+    return objective
 
 
 def clip_fraction(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
@@ -95,41 +122,84 @@ def clip_fraction(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float
     return clipped.to(ratio.dtype)
 
 
-def kl_k3(logp_new: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi || pi_ref) per token: `exp(l_ref - l_new) - (l_ref - l_new) - 1` (>= 0)."""
-    log_ratio = logp_ref - logp_new
-    return torch.exp(log_ratio) - log_ratio - 1.0
+def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3).
+
+    k1: `l_new - l_ref` (unbiased, high variance, can be negative); k2: `0.5 (l_new - l_ref)^2`;
+    k3 = low_var_kl: `exp(d) - d - 1` with `d = l_ref - l_new` clamped to +-LOG_RATIO_CLAMP and the
+    estimate clamped to [-KL_CLAMP, KL_CLAMP] (unbiased and >= 0 until the clamp), as verl.
+    """
+    if estimator == "k1":
+        return logp_new - logp_ref
+    if estimator == "k2":
+        return 0.5 * (logp_new - logp_ref).square()
+    if estimator in ("k3", "low_var_kl"):
+        log_ratio = torch.clamp(logp_ref - logp_new, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, -KL_CLAMP, KL_CLAMP)
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
 
 
 @dataclass(frozen=True)
 class Totals:
-    """Counts over a whole minibatch: the denominators of its token- and sample-means."""
+    """Counts over a whole minibatch: the denominators of its token- and sequence-means.
 
-    samples: int
+    With sequences = trajectories (`of(samples, "trajectory")`) a trajectory's turns may be scored
+    in different parts, so a part's rows must be told their trajectory: pass `totals.part(part)`.
+    """
+
+    samples: int  # sequences: turns, or trajectories with any response token
     tokens: int
+    # Response tokens of each trajectory of the minibatch, by rollout_id (sequences = trajectories).
+    trajectory_tokens: Mapping[str, int] | None = None
+    # Set by `part`: each row's rollout_id, and the token count of the sequence it belongs to.
+    row_ids: tuple[str, ...] | None = None
+    row_sequence_tokens: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, samples: Sequence[TurnSample]) -> "Totals":
-        return cls(len(samples), sum(s.turn.num_response_tokens for s in samples))
+    def of(cls, samples: Sequence[TurnSample], sequence: str = "turn") -> "Totals":
+        tokens = sum(s.turn.num_response_tokens for s in samples)
+        if sequence == "turn":
+            return cls(len(samples), tokens)
+        if sequence != "trajectory":
+            raise ValueError(f"unknown sequence {sequence!r}; choose one of {SEQUENCES}")
+        per_trajectory: dict[str, int] = defaultdict(int)
+        for s in samples:
+            per_trajectory[s.rollout_id] += s.turn.num_response_tokens
+        # verl leaves fully masked sequences out of the sequence count.
+        return cls(sum(1 for n in per_trajectory.values() if n), tokens, dict(per_trajectory))
 
     @classmethod
     def of_mask(cls, mask: torch.Tensor) -> "Totals":
         return cls(mask.shape[0], int(mask.sum()))
+
+    def part(self, part: Sequence[TurnSample]) -> "Totals":
+        """These totals for the rows `part` (needed when sequences are trajectories)."""
+        if self.trajectory_tokens is None:
+            return self
+        ids = tuple(s.rollout_id for s in part)
+        return replace(self, row_ids=ids, row_sequence_tokens=tuple(self.trajectory_tokens[i] for i in ids))
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", totals: Totals | None = None) -> torch.Tensor:
     """Reduce per-token values [n, L] to a scalar: these rows' share of the minibatch's aggregate.
 
     token-mean: every real token of the minibatch weighs the same;
-    seq-mean-token-mean: mean over samples of each sample's token mean;
-    seq-mean-token-sum: mean over samples of each sample's token sum.
+    seq-mean-token-mean: mean over sequences of each sequence's token mean;
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    A sequence is a row, or with trajectory totals (`Totals.of(.., "trajectory").part(rows)`) the
+    trajectory the row belongs to.
     """
     totals = totals or Totals.of_mask(mask)
     real = mask.to(values.dtype)
     if mode == "token-mean":
         return (values * real).sum() / max(totals.tokens, 1)
     if mode == "seq-mean-token-mean":
-        return masked_mean(values, mask, dim=-1).sum() / max(totals.samples, 1)
+        if totals.trajectory_tokens is None:
+            return masked_mean(values, mask, dim=-1).sum() / max(totals.samples, 1)
+        if totals.row_sequence_tokens is None:
+            raise ValueError("trajectory totals need the part's rows: pass totals.part(part)")
+        lengths = torch.tensor(totals.row_sequence_tokens, dtype=values.dtype, device=values.device).clamp(min=1)
+        return ((values * real).sum(-1) / lengths).sum() / max(totals.samples, 1)
     if mode == "seq-mean-token-sum":
         return (values * real).sum() / max(totals.samples, 1)
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGGREGATIONS}")
@@ -325,23 +395,26 @@ def token_policy_loss(
     *,
     clip_low: float,
     clip_high: float,
+    clip_ratio_c: float | None = None,
     ref: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
     loss_agg: str = "token-mean",
     totals: Totals | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg k3`.
+    """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg KL`.
 
     advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
+    totals: the minibatch's, for this part (`Totals.part`) when sequences are trajectories.
     """
     mask = new.mask
     totals = totals or Totals.of_mask(mask)
     ratio = token_ratio(new.logprobs, old, mask)
-    objective = clipped_objective(ratio, advantages, clip_low, clip_high)
+    objective = clipped_objective(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     loss = -aggregate(objective, mask, loss_agg, totals)
     kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_k3(new.logprobs, ref), mask, loss_agg, totals)
+        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, loss_agg, totals)
         loss = loss + kl_coef * kl
     stats = LossStats(
         policy_loss=float(-aggregate(objective.detach(), mask, loss_agg, totals)),
@@ -361,21 +434,28 @@ def sequence_policy_loss(
     clip_high: float,
     ref: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
     totals: Totals | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_samples clip_obj(s(y), w)` + KL.
+    """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_sequences clip_obj(s(y), w)` + KL.
 
-    weights [n]: the per-sample advantage (GSPO: A_i; SeeUPO: M_i). The KL is each sample's token
-    mean of k3, averaged over samples, so it weighs every sample like the surrogate does.
+    weights [n]: the per-row advantage (GSPO: A_i; SeeUPO: M_i). A sequence is a row (one turn's
+    response), or with trajectory totals (`Totals.part`) all of a trajectory's rows together, which
+    must then be in this part (one ratio over all its response tokens, as verl's GSPO). The KL is
+    each sequence's token mean, averaged over sequences, so it weighs them like the surrogate does.
     """
     mask = new.mask
-    samples = max((totals or Totals.of_mask(mask)).samples, 1)
-    ratio = sequence_ratio(new.logprobs, old, mask)
+    totals = totals or Totals.of_mask(mask)
+    samples = max(totals.samples, 1)
+    if totals.trajectory_tokens is None:
+        ratio = sequence_ratio(new.logprobs, old, mask)
+    else:
+        ratio, weights = _trajectory_ratios(new.logprobs, old, mask, weights, totals)
     objective = clipped_objective(ratio, weights, clip_low, clip_high)
     loss = -objective.sum() / samples
     kl = None
     if ref is not None and kl_coef > 0:
-        kl = masked_mean(kl_k3(new.logprobs, ref), mask, dim=-1).sum() / samples
+        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, "seq-mean-token-mean", totals)
         loss = loss + kl_coef * kl
     stats = LossStats(
         policy_loss=float(-objective.detach().sum() / samples),
@@ -384,6 +464,29 @@ def sequence_policy_loss(
         ratio_mean=float(ratio.detach().sum() / samples),
     )
     return loss, stats
+
+
+def _trajectory_ratios(
+    logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, totals: Totals
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`s` of each trajectory of the part over all its response tokens, and its weight; [k] each."""
+    if totals.row_ids is None or totals.trajectory_tokens is None:
+        raise ValueError("trajectory totals need the part's rows: pass totals.part(part)")
+    ids = list(dict.fromkeys(totals.row_ids))
+    index = torch.tensor([ids.index(i) for i in totals.row_ids], device=mask.device)
+    real = mask.to(logp_new.dtype)
+    row_sums = ((logp_new - logp_old) * real).sum(-1)
+    row_tokens = real.sum(-1)
+    sums = row_sums.new_zeros(len(ids)).index_add(0, index, row_sums)
+    tokens = row_tokens.new_zeros(len(ids)).index_add(0, index, row_tokens)
+    expected = torch.tensor([totals.trajectory_tokens[i] for i in ids], dtype=tokens.dtype, device=tokens.device)
+    if not torch.equal(tokens, expected):
+        raise ValueError(
+            "a trajectory's turns were scored in different micro-batches, so its one sequence ratio cannot be "
+            "formed; raise model.max_tokens_per_microbatch or use sequence: turn"
+        )
+    first = [totals.row_ids.index(i) for i in ids]
+    return torch.exp(sums / tokens.clamp(min=1)), weights[first]
 
 
 def mean_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:

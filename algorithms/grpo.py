@@ -22,11 +22,17 @@ class GRPOConfig(AlgorithmConfig):
     normalization: str = "group"
     # token-mean | seq-mean-token-mean | seq-mean-token-sum
     loss_agg: str = "token-mean"
+    # The sequence of the seq-mean-* modes: trajectory (all its turns' tokens, as verl) | turn.
+    sequence: str = "trajectory"
+    # Dual clip: where A < 0, the objective is at least clip_ratio_c * A (verl's default 3); null: off.
+    clip_ratio_c: float | None = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
+        self.require_choice("sequence", core.SEQUENCES)
+        self.require_dual_clip()
 
 
 @register_algorithm("grpo")
@@ -44,7 +50,7 @@ class GRPO(Algorithm):
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch)
+            totals = core.Totals.of(minibatch, cfg.sequence)
 
             def loss(part, new, values):
                 # A_i broadcast to every response token of the sample.
@@ -55,10 +61,12 @@ class GRPO(Algorithm):
                     token_advantages,
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,
+                    clip_ratio_c=cfg.clip_ratio_c,
                     ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                     kl_coef=cfg.kl_coef,
+                    kl_estimator=cfg.kl_estimator,
                     loss_agg=cfg.loss_agg,
-                    totals=totals,
+                    totals=totals.part(part),
                 )
 
             steps.append(learner.minimize(minibatch, loss))

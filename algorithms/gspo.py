@@ -1,8 +1,10 @@
-"""GSPO, sequence-level with per-turn sequences.
+"""GSPO, sequence-level.
 
-Each turn's response y_{i,t} is one sequence with ratio `s(y_{i,t})`; the group-normalized `A_i`
-is shared by all turns of trajectory i; all turns are updated together with
-`-mean_samples clip_obj(s, A_i)` + KL. (GSPO's paper uses much smaller clip ranges; eps is a parameter.)
+Each turn's response y_{i,t} is one sequence with ratio `s(y_{i,t})` (`sequence: turn`, the SeeUPO
+paper's); or each trajectory's responses of all turns together are one sequence (`trajectory`, as
+verl). The group-normalized `A_i` weighs every sequence of trajectory i; all turns are updated
+together with `-mean_sequences clip_obj(s, A_i)` + KL. (GSPO's paper uses much smaller clip ranges;
+eps is a parameter.)
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from seeupo_gym.algorithms.rollout import RolloutBatch
 class GSPOConfig(AlgorithmConfig):
     # GRAE normalization: none | group | batch.
     normalization: str = "group"
+    # What one ratio covers: turn (each turn's response, the SeeUPO paper) | trajectory (verl).
+    sequence: str = "turn"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_choice("normalization", core.NORMALIZATIONS)
+        self.require_choice("sequence", core.SEQUENCES)
 
 
 @register_algorithm("gspo")
@@ -41,7 +46,7 @@ class GSPO(Algorithm):
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch)
+            totals = core.Totals.of(minibatch, cfg.sequence)
 
             def loss(part, new, values):
                 return core.sequence_policy_loss(
@@ -52,7 +57,8 @@ class GSPO(Algorithm):
                     clip_high=cfg.clip_high,
                     ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                     kl_coef=cfg.kl_coef,
-                    totals=totals,
+                    kl_estimator=cfg.kl_estimator,
+                    totals=totals.part(part),
                 )
 
             steps.append(learner.minimize(minibatch, loss))

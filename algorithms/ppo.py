@@ -29,12 +29,18 @@ class PPOConfig(AlgorithmConfig):
     whiten_advantages: bool = True
     # token-mean | seq-mean-token-mean | seq-mean-token-sum
     loss_agg: str = "token-mean"
+    # The sequence of the seq-mean-* modes: trajectory (all its turns' tokens, as verl) | turn.
+    sequence: str = "trajectory"
+    # Dual clip: where A < 0, the objective is at least clip_ratio_c * A (verl's default 3); null: off.
+    clip_ratio_c: float | None = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}/{self.lam}")
         self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
+        self.require_choice("sequence", core.SEQUENCES)
+        self.require_dual_clip()
 
 
 def trajectory_gae(
@@ -89,7 +95,7 @@ class PPO(Algorithm):
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch)
+            totals = core.Totals.of(minibatch, cfg.sequence)
 
             def loss(part, new, values):
                 policy_loss, stats = core.token_policy_loss(
@@ -98,10 +104,12 @@ class PPO(Algorithm):
                     core.gather(advantages, part, new.logprobs),
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,
+                    clip_ratio_c=cfg.clip_ratio_c,
                     ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                     kl_coef=cfg.kl_coef,
+                    kl_estimator=cfg.kl_estimator,
                     loss_agg=cfg.loss_agg,
-                    totals=totals,
+                    totals=totals.part(part),
                 )
                 value_loss = core.clipped_value_loss(
                     values,

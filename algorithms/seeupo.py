@@ -103,6 +103,7 @@ class SeeUPO(Algorithm):
                         clip_high=cfg.clip_high,
                         ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                         kl_coef=cfg.kl_coef,
+                        kl_estimator=cfg.kl_estimator,
                         totals=totals,
                     )
 

@@ -121,11 +121,18 @@ def test_grpo_loss_on_a_fixed_batch_is_the_token_mean_surrogate_plus_kl():
     assert policy.losses == [pytest.approx(expected, abs=1e-6)]
 
 
-def test_grpo_seq_mean_token_mean_aggregation():
+def test_grpo_seq_mean_token_mean_aggregation_per_turn():
     policy, batch = fixed_setup()
-    make_algorithm("grpo", {"kl_coef": 0.0, "loss_agg": "seq-mean-token-mean"}).update(batch, policy, GEN())
+    make_algorithm("grpo", {"kl_coef": 0.0, "loss_agg": "seq-mean-token-mean", "sequence": "turn"}).update(batch, policy, GEN())
     # One token per sample, so per-sample means are the advantages: (1 + 1 - 1 + 0 + 0) / 5 samples.
     assert policy.losses == [pytest.approx(-1 / 5, abs=1e-6)]
+
+
+def test_grpo_seq_mean_token_mean_aggregation_per_trajectory():
+    policy, batch = fixed_setup()
+    make_algorithm("grpo", {"kl_coef": 0.0, "loss_agg": "seq-mean-token-mean"}).update(batch, policy, GEN())
+    # Each trajectory's token mean is its A_i; group-centred advantages of one group sum to 0.
+    assert policy.losses == [pytest.approx(0.0, abs=1e-6)]
 
 
 def test_gspo_loss_on_a_fixed_batch_is_the_sample_mean_surrogate_plus_kl():
