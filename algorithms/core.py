@@ -264,6 +264,39 @@ def sample_key(sample: TurnSample) -> SampleKey:
     return (sample.rollout_id, sample.t)
 
 
+TRUNCATED_MODES = ("score", "mask")
+
+
+def select_for_update(
+    batch: RolloutBatch, *, truncated: str = "score", drop_flat_groups: bool = False
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """The trajectories an update learns from, and counts of those left out.
+
+    - An episode that never started (no turn: e.g. its first context was over the token budget)
+      is not an outcome of the policy: it is always left out, so it moves no group-mate's advantage.
+    - truncated: `score` trains on a truncated episode with the reward the env gave it; `mask`
+      leaves it out of the update and of its group's statistics (DAPO's overlong filtering).
+    - drop_flat_groups: leave out groups whose rollouts all got one reward (DAPO's dynamic
+      sampling): their group-relative advantage is 0, yet `batch` normalization would shift it.
+    A group left with one trajectory has no baseline: its GRAE advantage is 0 (verl uses A = R).
+    """
+    if truncated not in TRUNCATED_MODES:
+        raise ValueError(f"unknown truncated mode {truncated!r}; choose one of {TRUNCATED_MODES}")
+    kept = [t for t in batch if t.turns]
+    counts = {"never_started": float(len(batch) - len(kept))}
+    if truncated == "mask":
+        counts["truncated_masked"] = float(sum(t.truncated for t in kept))
+        kept = [t for t in kept if not t.truncated]
+    if drop_flat_groups:
+        rewards: dict[str, set[float]] = defaultdict(set)
+        for t in kept:
+            rewards[t.group_id].add(t.reward)
+        flat = {g for g, r in rewards.items() if len(r) == 1}
+        counts["flat_groups_dropped"] = float(len(flat))
+        kept = [t for t in kept if t.group_id not in flat]
+    return RolloutBatch(kept), counts
+
+
 def trajectory_advantages(batch: RolloutBatch, normalization: str) -> dict[str, float]:
     """GRAE advantage of every trajectory of the batch, keyed by rollout_id (groups = group_id)."""
     ids = batch.rollout_ids
@@ -490,10 +523,11 @@ def _trajectory_ratios(
 
 
 def mean_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Average the metrics of a step's optimizer steps (each key over the steps that report it)."""
+    """Average the metrics of a step's optimizer steps (each key over the steps that report it);
+    `skipped_*` keys are counts of skipped optimizer steps and add up instead."""
     out: dict[str, float] = {}
     for key in sorted({k for m in steps for k in m}):
         values = [m[key] for m in steps if key in m]
-        out[key] = sum(values) / len(values)
+        out[key] = sum(values) if key.startswith("skipped_") else sum(values) / len(values)
     out["optimizer_steps"] = float(len(steps))
     return out

@@ -136,6 +136,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Collect again (same seed) this many times when the env or the agent fails during a step.
     rollout_retries: int = 1
+    # Truncated episodes (turn limit, context budget): "score" trains on the reward the env gave;
+    # "mask" leaves them out of the update and of their group's statistics (DAPO's overlong filtering).
+    truncated: Literal["score", "mask"] = "score"
+    # Leave groups whose rollouts all got one reward out of the update (DAPO's dynamic sampling).
+    drop_flat_groups: bool = False
 
 
 @dataclass

@@ -383,10 +383,15 @@ class LLMLearner:
         if not finite or not all(math.isfinite(v) for v in metrics.values()):
             self._zero_grad()
             return {**metrics, "skipped_nonfinite": 1.0}
-        for optimizer in (self.optimizer, self.value_optimizer):
-            if optimizer is not None:
+        # A model with no gradient (all advantages 0 and no KL) is not stepped: AdamW would still
+        # move it on its momentum and weight decay. The norms are all-reduced: every process agrees.
+        norms = [metrics["grad_norm"], metrics.get("value_grad_norm")]
+        for optimizer, norm in zip((self.optimizer, self.value_optimizer), norms):
+            if optimizer is not None and norm > 0:
                 optimizer.step()
         self._zero_grad()
+        if not any(norm for norm in norms if norm is not None):
+            metrics["skipped_no_gradient"] = 1.0
         return metrics
 
     def _clip(self, model: nn.Module) -> float:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, available_algorithms, load_plugin, make_algorithm
+from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
@@ -308,8 +309,10 @@ class Trainer:
 
         record: dict[str, float] = {"step": float(step), **rollout_metrics(batch, prefix="rollout")}
         record["rollout/env_errors"] = float(self.last_env_errors)
+        batch, left_out = select_for_update(batch, truncated=cfg.truncated, drop_flat_groups=cfg.drop_flat_groups)
+        record.update({f"update/{k}": v for k, v in left_out.items()})
         if len(batch) == 0:
-            logger.warning("step %d: no trajectories were collected; skipping the update", step)
+            logger.warning("step %d: no trajectories to learn from; skipping the update", step)
             record["update/skipped_empty_batch"] = 1.0
         else:
             generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
