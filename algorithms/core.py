@@ -28,7 +28,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from seeupo_gym.algorithms.base import Learner, TokenLogprobs
+from seeupo_gym.algorithms.base import Learner, MicroLoss, TokenLogprobs, loss_share
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 NORMALIZATIONS = ("none", "group", "batch")
@@ -381,6 +381,73 @@ def frozen_sequence_ratios(
     length = int(lengths.max()) if len(rows_new) else 0
     mask = torch.arange(length)[None, :] < lengths[:, None]
     return sequence_ratio(pad_rows(rows_new, length), pad_rows([old[sample_key(s)] for s in samples], length), mask)
+
+
+def packing_with(samples: Sequence[TurnSample], others: Sequence[TurnSample]) -> list[TurnSample]:
+    """The `samples` that one packed sequence scores together with their trajectory's sample in
+    `others` (the earlier turn's context + response is a prefix of the later turn's context), so a
+    learner feeding `others` scores them at little or no extra cost and in the same micro-batch."""
+    by_trajectory = {s.rollout_id: s for s in others}
+    out = []
+    for sample in samples:
+        other = by_trajectory.get(sample.rollout_id)
+        if other is None or other.t == sample.t:
+            continue
+        early, late = sorted((sample, other), key=lambda s: s.t)
+        scored = list(early.turn.context_ids) + list(early.turn.response_ids)
+        if list(late.turn.context_ids[: len(scored)]) == scored:
+            out.append(sample)
+    return out
+
+
+def select_rows(tokens: TokenLogprobs, rows: Sequence[int]) -> TokenLogprobs:
+    """The rows `rows` of `tokens` (autograd kept)."""
+    index = torch.tensor(list(rows), dtype=torch.long, device=tokens.mask.device)
+    return TokenLogprobs(tokens.logprobs[index], tokens.mask[index])
+
+
+def part_sequence_ratios(
+    part: Sequence[TurnSample], new: TokenLogprobs, old: dict[SampleKey, torch.Tensor], which
+) -> dict[str, float]:
+    """`s(y)` of the rows of `part` that `which(sample)` picks, from `new` detached, by rollout_id."""
+    rows = [j for j, s in enumerate(part) if which(s)]
+    if not rows:
+        return {}
+    picked = select_rows(new, rows)
+    samples = [part[j] for j in rows]
+    ratios = sequence_ratio(picked.logprobs.detach(), gather(old, samples, picked.logprobs), picked.mask)
+    return dict(zip([s.rollout_id for s in samples], ratios.tolist()))
+
+
+# Ratios measured inside a gradient pass travel back through `minimize`'s summed diagnostics (each
+# is reported by the one part, on the one process, that scored it), so every process sees them all.
+_RATIO_PREFIX = "ratio_after/"
+
+
+def measuring_alongside(turn: int, extra: Sequence[TurnSample], old: dict[SampleKey, torch.Tensor], loss) -> MicroLoss:
+    """A `MicroLoss` for a minibatch of turn `turn` samples scored together with `extra` samples of
+    other turns (`packing_with`, so each lands in its trajectory's part): the extra rows are not
+    trained on; their `s(y)` against `old` (detached, by rollout_id) goes to
+    `loss(part, new, ratios)` for the turn's rows, and comes back out of `minimize` through
+    `pop_ratio_diagnostics`."""
+    waiting = {s.rollout_id for s in extra}
+
+    def share(part, new, values):
+        ratios = part_sequence_ratios(part, new, old, lambda s: s.t != turn)
+        rows = [j for j, s in enumerate(part) if s.t == turn]
+        missing = {part[j].rollout_id for j in rows} & waiting - ratios.keys()
+        if missing:
+            raise RuntimeError(f"the learner scored turn {turn} of {sorted(missing)} apart from the turn measured with it")
+        result, stats = loss_share(loss([part[j] for j in rows], select_rows(new, rows), ratios))
+        return result, {**stats, **{_RATIO_PREFIX + rid: ratio for rid, ratio in ratios.items()}}
+
+    return share
+
+
+def pop_ratio_diagnostics(metrics: dict[str, float]) -> dict[str, float]:
+    """Take the ratios `measuring_alongside` measured out of `minimize`'s metrics."""
+    keys = [k for k in metrics if k.startswith(_RATIO_PREFIX)]
+    return {k[len(_RATIO_PREFIX) :]: metrics.pop(k) for k in keys}
 
 
 def minibatches(

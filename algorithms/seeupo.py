@@ -14,8 +14,9 @@ by rollout_id, so shuffling a pool into minibatches never moves a weight to anot
 
 Cost: the frozen passes (old, reference) score each trajectory once, packed; the gradient passes
 of pool t are inherently prefix-length (context_t + response_t per trajectory), because the
-parameters change between pools; the ratios after pool t cost one more prefix-length pass over
-the trajectories that still have a pool to come.
+parameters change between pools. The ratios after pool t are taken at the parameters the next
+pool's first gradient pass runs with, so that pass scores them too (turn t packs with the
+trajectory's next-updated turn into one sequence): no extra pass, unless a context was rebuilt.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
-from seeupo_gym.algorithms.rollout import RolloutBatch
+from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 ORDERS = ("reverse", "natural", "random")
 OLD_POLICIES = ("step_start", "turn_start")
@@ -43,6 +44,9 @@ class SeeUPOConfig(AlgorithmConfig):
     # Optional [low, high] clip of M's importance factor prod_{t' updated} s(y_{i,t'}) (the sign of A_i is
     # kept); None (default) = no clipping. The authors' code uses [0.8, 1.2].
     m_clip: tuple[float, float] | None = None
+    # Measure the ratios after pool t inside the next pool's first gradient pass (same numbers, one
+    # policy pass fewer per pool); false: a separate frozen pass, as a reference for that.
+    share_ratio_pass: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,26 +83,41 @@ class SeeUPO(Algorithm):
         old = core.frozen_logprobs(learner, samples) if cfg.old_policy == "step_start" else {}
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
 
-        def weight(rid: str) -> float:  # M_i
-            f = factor[rid] if cfg.m_clip is None else min(max(factor[rid], cfg.m_clip[0]), cfg.m_clip[1])
-            return advantages[rid] * f
+        def weight(rid: str, ratio: float = 1.0) -> float:  # M_i (times a ratio not yet applied)
+            f = factor[rid] * ratio
+            return advantages[rid] * (f if cfg.m_clip is None else min(max(f, cfg.m_clip[0]), cfg.m_clip[1]))
+
+        def apply_ratios(ratios: dict[str, float]) -> None:  # M_i <- M_i * s(y_{i,t'}), t' the last pool
+            for rid, ratio in ratios.items():
+                factor[rid] *= ratio
+                self.schedule[-1].ratios_after[rid] = ratio
 
         pools = [(t, batch.turn_pool(t)) for t in update_order(batch.max_turns, cfg.order, generator)]
         pools = [(t, pool) for t, pool in pools if pool]
         steps = []
+        pending: list[TurnSample] = []  # the pool just updated: samples whose s(y) a later M_i reads
         for position, (t, pool) in enumerate(pools):  # step 2
             if cfg.old_policy == "turn_start":
                 old.update(core.frozen_logprobs(learner, pool))
-            weights = {s.rollout_id: weight(s.rollout_id) for s in pool}
-            steps_before = len(steps)
-            for minibatch in core.minibatches(pool, cfg.minibatch_size, cfg.epochs, generator):
+            batches = list(core.minibatches(pool, cfg.minibatch_size, cfg.epochs, generator))
+            # M_i <- M_i * s(y_{i,t'}) for the pool t' just updated, at the current parameters: inside
+            # this pool's first gradient pass where the sample packs with its trajectory's turn t (one
+            # policy pass fewer), else in a frozen pass now.
+            shared = core.packing_with(pending, batches[0]) if cfg.share_ratio_pass else []
+            frozen = [s for s in pending if core.sample_key(s) not in {core.sample_key(x) for x in shared}]
+            if frozen:
+                ratios = core.frozen_sequence_ratios(core.frozen_logprobs(learner, frozen), old, frozen).tolist()
+                apply_ratios(dict(zip([s.rollout_id for s in frozen], ratios)))
+
+            for k, minibatch in enumerate(batches):
                 totals = core.Totals.of(minibatch)
 
-                def loss(part, new, values):
+                def loss(part, new, ratios):  # ratios: s(y) measured alongside, not yet in M
                     return core.sequence_policy_loss(
                         new,
                         core.gather(old, part, new.logprobs),
-                        core.per_sample(weights, part, new.logprobs),
+                        core.per_sample({s.rollout_id: weight(s.rollout_id, ratios.get(s.rollout_id, 1.0)) for s in part},
+                                        part, new.logprobs),
                         clip_low=cfg.clip_low,
                         clip_high=cfg.clip_high,
                         ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
@@ -107,22 +126,16 @@ class SeeUPO(Algorithm):
                         totals=totals,
                     )
 
-                steps.append(learner.minimize(minibatch, loss))
+                extra = shared if k == 0 else []
+                metrics = learner.minimize(minibatch + extra, core.measuring_alongside(t, extra, old, loss))
+                apply_ratios(core.pop_ratio_diagnostics(metrics))
+                steps.append(metrics)
 
-            # M_i is read again only if trajectory i has a turn in a pool still to come; the forward
-            # pass for s(y_{i,t}) is spent on those samples alone (none after the last pool).
             later = {s.rollout_id for _, later_pool in pools[position + 1 :] for s in later_pool}
-            needed = [s for s in pool if s.rollout_id in later]
-            ratios_after: dict[str, float] = {}
-            if needed:
-                after = core.frozen_logprobs(learner, needed)
-                ratios = core.frozen_sequence_ratios(after, old, needed).tolist()
-                for s, ratio in zip(needed, ratios):
-                    ratios_after[s.rollout_id] = ratio
-                    factor[s.rollout_id] *= ratio  # M_i <- M_i * s(y_{i,t})
-            self.record_phase(
-                UpdatePhase(t, tuple(s.rollout_id for s in pool), weights, len(steps) - steps_before, ratios_after)
-            )
+            pending = [s for s in pool if s.rollout_id in later]
+            phase = UpdatePhase(t, tuple(s.rollout_id for s in pool), {s.rollout_id: weight(s.rollout_id) for s in pool},
+                                len(batches))
+            self.record_phase(phase)
 
         metrics = core.mean_metrics(steps)
         final_m = torch.tensor([weight(rid) for rid in advantages])

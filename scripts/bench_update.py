@@ -28,6 +28,7 @@ import threading
 import time
 
 import torch
+import yaml
 from accelerate import Accelerator
 
 from seeupo_gym.agents.models import load_model
@@ -75,7 +76,9 @@ def minimum_tokens(name: str, batch: RolloutBatch, options: dict) -> dict[str, i
     grpo / gspo with one optimizer step over the batch need no old pass (`core.old_logprobs`).
     seeupo: old and reference passes packed, then the gradient passes of pool t are prefix-length
     (context_t + response_t per trajectory, per epoch) because the parameters change between
-    pools; the ratios after pool t score the same prefixes again for trajectories with a pool to come.
+    pools; the ratios after pool t score the same prefixes again for trajectories with a pool to come
+    (share_ratio_pass=false), or ride in the next pool's first gradient pass (default): there the
+    turn-t prefix replaces the turn-(t-1) one, so each shared ratio costs the difference.
     """
     packed = sum(packed_length(t) for t in batch)
     epochs, kl = options.get("epochs", 1), options.get("kl_coef", 0.002) > 0
@@ -91,7 +94,15 @@ def minimum_tokens(name: str, batch: RolloutBatch, options: dict) -> dict[str, i
     # Reverse order: every pool but the last (turn 1) is followed by one that needs its ratios.
     ratios = sum(len(turn.context_ids) + len(turn.response_ids) for t in batch for turn in t.turns[1:])
     out["policy"] = packed + epochs * prefix + ratios
+    if options.get("share_ratio_pass", True):
+        out["policy"] -= sum(len(turn.context_ids) + len(turn.response_ids) for t in batch for turn in t.turns[:-1])
     return out
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """`name` or `name+key=value+...` (e.g. `seeupo+share_ratio_pass=false`): an algorithm and its own options."""
+    name, *pairs = spec.split("+")
+    return name, {key: yaml.safe_load(value) for key, value in (pair.split("=", 1) for pair in pairs)}
 
 
 class RssPeak:
@@ -178,7 +189,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=8192, help="learner's max_tokens_per_microbatch")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--algorithms", default="grpo,seeupo")
+    parser.add_argument("--algorithms", default="grpo,seeupo",
+                        help="comma-separated; a variant adds its options: seeupo+share_ratio_pass=false")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -242,16 +254,18 @@ def main() -> None:
     if args.memory:
         return memory_sweep(args)
     names = args.algorithms.split(",")
+    variants = {spec: parse_variant(spec) for spec in names}
     options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
-    bench = build(args, value="ppo" in names)
-    bench.run(names[0], options)  # one untimed warm-up update (allocator, kernels, lazy imports)
+    bench = build(args, value=any(algorithm == "ppo" for algorithm, _ in variants.values()))
+    bench.run(variants[names[0]][0], {**options, **variants[names[0]][1]})  # untimed warm-up (allocator, kernels, imports)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     steps: dict[str, float] = {}
     fed: dict[str, dict[str, int]] = {}
     for _ in range(args.repeats):
         for name in names:  # interleaved, so machine load drifts hit all alike
-            seconds, metrics, learner = bench.run(name, options)
+            algorithm, own = variants[name]
+            seconds, metrics, learner = bench.run(algorithm, {**options, **own})
             times[name].append(seconds)
             cpu[name].append(metrics["cpu_s"])
             fed[name] = dict(learner.tokens_fed)
@@ -263,15 +277,19 @@ def main() -> None:
               f"optimizer steps {steps[name]:.0f}")
     print("tokens fed per update / that algorithm's minimum (see minimum_tokens):")
     for name in names:
-        minimum = minimum_tokens(name, bench.batch, options)
+        algorithm, own = variants[name]
+        minimum = minimum_tokens(algorithm, bench.batch, {**options, **own})
         parts = [f"{model} {fed[name].get(model, 0)} / {need} = {fed[name].get(model, 0) / need:.3f}"
                  for model, need in minimum.items() if need]
         total = sum(fed[name].values()) / sum(minimum.values())
         print(f"{name:>8}: {'; '.join(parts)}; all models {total:.3f}")
-    if "grpo" in times and "seeupo" in times:
-        wall = statistics.median(times["seeupo"]) / statistics.median(times["grpo"])
-        cpu_ratio = statistics.median(cpu["seeupo"]) / statistics.median(cpu["grpo"])
-        print(f"seeupo / grpo update time: wall {wall:.2f}x, CPU {cpu_ratio:.2f}x (paper: ~1.5x at the step level)")
+    if "grpo" in times:
+        for name in (n for n in names if variants[n][0] == "seeupo"):
+            wall = statistics.median(times[name]) / statistics.median(times["grpo"])
+            cpu_ratio = statistics.median(cpu[name]) / statistics.median(cpu["grpo"])
+            tokens = fed[name].get("policy", 0) / max(fed["grpo"].get("policy", 0), 1)
+            print(f"{name} / grpo: policy tokens {tokens:.2f}x, update time wall {wall:.2f}x, CPU {cpu_ratio:.2f}x "
+                  "(paper: ~1.5x time at the step level)")
 
 
 if __name__ == "__main__":
