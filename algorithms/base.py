@@ -260,9 +260,14 @@ def available_algorithms() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
-    """Build the algorithm registered under `name` with `config` overriding its defaults."""
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The algorithm registered under `name`."""
     _load_builtin_algorithms()
     if name not in _REGISTRY:
         raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](config or {})
+    return _REGISTRY[name]
+
+
+def make_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
+    """Build the algorithm registered under `name` with `config` overriding its defaults."""
+    return algorithm_class(name)(config or {})

@@ -52,7 +52,7 @@ def test_dotted_overrides_parse_values_as_yaml(tmp_path):
     "override, message",
     [
         ("optim.lrr=1", r"unknown key\(s\) optim.lrr; allowed in optim: beta1, beta2, eps, lr"),
-        ("model.dtype=int8", r"model.dtype is 'int8'; allowed: 'float32', 'bfloat16', 'float16'"),
+        ("model.dtype=int8", r"model.dtype is 'int8'; allowed: 'float32', 'bfloat16' or 'float16'"),
         ("train.steps=many", r"train.steps must be an integer, got 'many'"),
         ("train.steps=0", r"train.steps must be > 0"),
         ("sampling.top_p=2", r"sampling.top_p must be in \(0, 1\]"),
@@ -70,7 +70,7 @@ def test_bad_keys_and_values_name_the_key_and_what_is_allowed(override, message)
 def test_unknown_algorithm_and_unknown_algorithm_option_are_named():
     with pytest.raises(ConfigError, match=r"unknown algorithm 'sppo'; registered: \[.*'grpo'.*'seeupo'"):
         build_algorithm(config_from_dict({"algorithm": {"name": "sppo"}}))
-    with pytest.raises(ConfigError, match=r"unknown algorithm option\(s\) \['kl'\].*allowed: .*kl_coef"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) algorithm.kl; allowed in algorithm: .*kl_coef"):
         build_algorithm(config_from_dict({"algorithm": {"name": "seeupo", "kl": 0.1}}))
     with pytest.raises(ConfigError, match="order must be one of"):
         build_algorithm(config_from_dict({"algorithm": {"name": "seeupo", "order": "sideways"}}))
@@ -91,3 +91,31 @@ def test_saved_config_loads_back_identically(tmp_path):
     config = load_config(CONFIGS / "qwen0.5b-lora-cpu.yaml", ["algorithm.order=random"])
     save_config(config, tmp_path / "saved.yaml")
     assert load_config(tmp_path / "saved.yaml") == config
+
+
+def test_an_exponent_without_a_dot_is_a_float_everywhere():
+    config = load_config("tiny-cpu", ["algorithm.kl_coef=1e-3", "optim.lr=2E-4", "env.kwargs={max_turns: 2, scale: 5e-1}"])
+    assert config.algorithm.options["kl_coef"] == 1e-3  # YAML 1.1 would read the string '1e-3'
+    assert config.optim.lr == 2e-4 and config.env.kwargs["scale"] == 0.5
+    assert build_algorithm(config).config.kl_coef == 1e-3
+
+
+def test_algorithm_options_are_typed_and_named_like_the_rest(tmp_path):
+    with pytest.raises(ConfigError, match=r"algorithm.kl_coef must be a number, got 'lots'"):
+        build_algorithm(config_from_dict({"algorithm": {"name": "grpo", "kl_coef": "lots"}}))
+    with pytest.raises(ConfigError, match=r"algorithm.epochs must be an integer, got 1.5"):
+        build_algorithm(config_from_dict({"algorithm": {"name": "seeupo", "epochs": 1.5}}))
+    assert build_algorithm(config_from_dict({"algorithm": {"name": "seeupo", "m_clip": [0.8, 1.2]}})).config.m_clip == (0.8, 1.2)
+
+
+def test_seeupo_train_with_kl_coef_1e_3_trains(tmp_path):
+    import json
+
+    from seeupo_gym.training.cli import train_main
+
+    code = train_main(["--config", "tiny-turnbandit", "algorithm.kl_coef=1e-3", "train.steps=1", "train.save_every=0",
+                       f"log.output_dir={tmp_path}", "log.progress_bars=false"])
+    assert code == 0
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["step"] == 1 and "update/kl" in record
+    assert load_config(tmp_path / "config.yaml").algorithm.options["kl_coef"] == 1e-3

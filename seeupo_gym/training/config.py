@@ -2,8 +2,10 @@
 
 Every field is documented with its default; the defaults are the paper's (lr 1e-6, 32 tasks
 x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `presets/`
-override them explicitly. A wrong key or value is rejected when the config is loaded, with
-the dotted key and what is allowed, never later in the middle of a run.
+override them explicitly. The dataclasses are the schema: YAML is read with YAML 1.2's float
+rule (`1e-3` is a number) and validated against their type hints by pydantic, so a wrong key or
+value is rejected when the config is loaded, with the dotted key and what is allowed, never
+later in the middle of a run.
 
 The `algorithm` section is open: `name` picks a registered algorithm and every other key is
 passed to that algorithm's config class, which names its own allowed options.
@@ -12,7 +14,7 @@ passed to that algorithm's config class, which names its own allowed options.
 from __future__ import annotations
 
 import dataclasses
-import types
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,13 +207,30 @@ def resolve_config_path(path: str | Path) -> Path:
     raise ConfigError(f"config file {str(path)!r} does not exist and is not a preset; presets: {', '.join(presets())}")
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's float rule: `1e-3` is a float (YAML 1.1 needs a dot,
+    `1.0e-3`, and reads `1e-3` as a string), in every value, typed fields or free-form kwargs."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """A YAML document or scalar, with YAML 1.2 floats (`1e-3`); raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_Yaml12Loader)
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read a YAML file or a preset (or start from the defaults) and apply `dotted.key=value` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         file = resolve_config_path(path)
         try:
-            loaded = yaml.safe_load(file.read_text())
+            loaded = parse_yaml(file.read_text())
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
         if loaded is None:
@@ -231,7 +250,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if not sep or not key:
         raise ConfigError(f"override {override!r} is not of the form dotted.key=value")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = parse_yaml(text) if text.strip() else ""
     except yaml.YAMLError as error:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
     node = raw
@@ -247,9 +266,11 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a mapping, got {raw!r}")
     raw = dict(raw)
     algorithm_raw = raw.pop("algorithm", None)
-    config = _build(Config, raw, "")
+    config = parse_dataclass(Config, raw)
     if algorithm_raw is not None:
         if not isinstance(algorithm_raw, dict):
             raise ConfigError(f"algorithm must be a mapping with a 'name', got {algorithm_raw!r}")
@@ -262,88 +283,79 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     return config
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    allowed = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(raw) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown key(s) {', '.join(_join(where, k) for k in unknown)}; allowed in "
-            f"{where or 'the top level'}: {', '.join(sorted(allowed))}"
-        )
-    kwargs = {}
-    for name in allowed:
-        if name in raw and not (cls is Config and name == "algorithm"):
-            kwargs[name] = _convert(hints[name], raw[name], _join(where, name))
-    return cls(**kwargs)
+T = typing.TypeVar("T")
 
 
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
+def parse_dataclass(cls: type[T], raw: Any, where: str = "") -> T:
+    """`raw` (a mapping from YAML) as the dataclass `cls`, validated against its type hints by
+    pydantic: unknown keys, wrong types and values outside a Literal raise a ConfigError naming
+    the dotted key (prefixed with `where`). Numbers follow pydantic's lax rules (an int is a float)."""
+    import pydantic
+
+    _forbid_unknown_keys(cls)
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(raw)
+    except pydantic.ValidationError as error:
+        raise ConfigError("; ".join(_describe(cls, e, where) for e in error.errors())) from None
+    except (ValueError, TypeError) as error:  # a dataclass's own __post_init__ check
+        raise ConfigError(f"{where or 'config'}: {error}") from error
 
 
-def _convert(hint: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ConfigError(f"{key} may not be null")
-        errors = []
-        for option in args:
-            if option is type(None):
-                continue
-            try:
-                return _convert(option, value, key)
-            except ConfigError as error:
-                errors.append(str(error))
-        raise ConfigError(f"{key}: {value!r} fits none of the allowed forms ({'; '.join(errors)})")
-    if value is None:
-        raise ConfigError(f"{key} may not be null")
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key} is {value!r}; allowed: {', '.join(map(repr, args))}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return [_convert(args[0], item, f"{key}[{i}]") for i, item in enumerate(value)] if args else value
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a mapping, got {value!r}")
-        return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        # YAML 1.1 reads `1e-6` (no dot) as a string.
-        if isinstance(value, bool):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return value
-    if hint is Any:
-        return value
-    raise ConfigError(f"{key}: unsupported config type {hint!r}")  # a bug in this module, not in the file
+def _forbid_unknown_keys(cls: type) -> None:
+    # pydantic reads a stdlib dataclass's settings from `__pydantic_config__`; every section of
+    # the schema (and of an algorithm's config) rejects keys it does not have.
+    for section in _sections(cls):
+        if "__pydantic_config__" not in vars(section):
+            section.__pydantic_config__ = {"extra": "forbid"}
+
+
+def _sections(cls: type) -> list[type]:
+    found, todo = [], [cls]
+    while todo:
+        current = todo.pop()
+        if current in found or not dataclasses.is_dataclass(current):
+            continue
+        found.append(current)
+        for hint in typing.get_type_hints(current).values():
+            todo += [hint, *typing.get_args(hint)]
+    return found
+
+
+def _describe(cls: type, error: Any, where: str) -> str:
+    """One pydantic error as `dotted.key: what is wrong`, in the words of the old messages."""
+    keys, section, parent = [], cls, cls  # parent: the section the last key belongs to
+    for part in error["loc"]:
+        if isinstance(part, int):
+            keys.append(f"[{part}]")
+            continue
+        if dataclasses.is_dataclass(section) and part in {f.name for f in dataclasses.fields(section)}:
+            keys.append(("." if keys else "") + part)
+            parent = section
+            hint = typing.get_type_hints(section)[part]
+            section = next((a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)), None)
+        elif error["type"] == "unexpected_keyword_argument":
+            keys.append(("." if keys else "") + part)
+            parent = section
+        # else: a union member's tag (`str`, `list[str]`), not a key
+    key = (f"{where}." if where and keys else where) + "".join(keys)
+    kind, value = error["type"], error.get("input")
+    if kind == "unexpected_keyword_argument":
+        owner = key.rpartition(".")[0]
+        allowed = sorted(f.name for f in dataclasses.fields(parent) if f.init)
+        return f"unknown key(s) {key}; allowed in {owner or 'the top level'}: {', '.join(allowed)}"
+    if kind == "literal_error":
+        return f"{key} is {value!r}; allowed: {error['ctx']['expected']}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"{key} must be an integer, got {value!r}"
+    if kind in ("float_type", "float_parsing"):
+        return f"{key} must be a number, got {value!r}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"{key} must be true or false, got {value!r}"
+    if kind in ("dataclass_type", "dict_type"):
+        return f"{key or 'config'} must be a mapping, got {value!r}"
+    if kind == "value_error":  # a dataclass's own check (__post_init__) said what is wrong
+        return f"{key or 'config'}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{key}: {error['msg']}, got {value!r}"
 
 
 def _check_values(config: Config) -> None:

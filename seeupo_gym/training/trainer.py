@@ -26,11 +26,11 @@ import torch
 from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.algorithms.base import Algorithm, available_algorithms, load_plugin, make_algorithm
+from seeupo_gym.algorithms.base import Algorithm, algorithm_class, load_plugin
 from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
-from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
+from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
 from seeupo_gym.training.tasks import env_task_ids
 
 logger = logging.getLogger(__name__)
@@ -72,12 +72,12 @@ def build_algorithm(config: Config) -> Algorithm:
         except Exception as error:  # a user's file: report which one and why
             raise ConfigError(f"plugins: loading {plugin!r} failed: {type(error).__name__}: {error}") from error
     try:
-        return make_algorithm(config.algorithm.name, config.algorithm.options)
-    except (ValueError, TypeError) as error:
-        hint = ""
-        if config.algorithm.name not in available_algorithms():
-            hint = " (an algorithm of your own: load the file that registers it with --plugin FILE, or list it under plugins:)"
-        raise ConfigError(f"algorithm ({config.algorithm.name}): {error}{hint}") from error
+        cls = algorithm_class(config.algorithm.name)
+    except ValueError as error:
+        hint = " (an algorithm of your own: load the file that registers it with --plugin FILE, or list it under plugins:)"
+        raise ConfigError(f"algorithm: {error}{hint}") from error
+    # The options typed like the rest of the config: `algorithm.kl_coef=1e-3` is a float.
+    return cls(parse_dataclass(cls.config_class, config.algorithm.options, "algorithm"))
 
 
 def check_trackers(trackers: Sequence[str]) -> None:
