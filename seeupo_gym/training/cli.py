@@ -184,19 +184,22 @@ def eval_main(argv: list[str] | None = None) -> int:
             config.model.name_or_path = args.model
         if args.env:
             config.env.id = args.env
+        # The flags go over the config's eval env (env.kwargs, then env.eval_kwargs).
+        flags: dict = {}
         if args.env_kwargs is not None:
             if not isinstance(args.env_kwargs, dict):
                 raise ConfigError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
-            config.env.kwargs = {**config.env.kwargs, **args.env_kwargs}
+            flags.update(args.env_kwargs)
         if args.split:
-            config.env.kwargs = {**config.env.kwargs, "split": args.split}
+            flags["split"] = args.split
         config = config_from_dict(config.to_dict())  # re-check the values the flags set
+        from seeupo_gym.training.tasks import eval_env_kwargs, eval_task_ids
+
+        env_kwargs = eval_env_kwargs(config.env, flags)
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         else:
-            from seeupo_gym.training.tasks import env_task_ids
-
-            tasks = list(config.env.eval_tasks or env_task_ids(config.env.id, config.env.kwargs))
+            tasks = eval_task_ids(config.env, flags)
         if args.max_tasks is not None:
             if args.max_tasks < 1:
                 raise ConfigError(f"--max-tasks must be >= 1, got {args.max_tasks}")
@@ -237,7 +240,8 @@ def eval_main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         num_envs=args.num_envs or config.env.num_envs,
         max_context_tokens=config.env.max_context_tokens,
-        env_kwargs=config.env.kwargs,
+        env_kwargs=env_kwargs,
+        vectorization=config.env.vectorization,
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts),
     )

@@ -127,6 +127,7 @@ def evaluate_policy(
     num_envs: int = 8,
     max_context_tokens: int = 8192,
     env_kwargs: dict[str, Any] | None = None,
+    vectorization: str = "sync",
     progress: bool = False,
     keep_rollouts: bool = False,
     desc: str = "eval",
@@ -164,6 +165,7 @@ def evaluate_policy(
         sampling=sampling,
         max_context_tokens=max_context_tokens,
         env_kwargs=env_kwargs,
+        vectorization=vectorization,
     ) as agent:
         for index, begin in enumerate(range(0, len(tasks), chunk)):
             part = tasks[begin : begin + chunk]

@@ -1,10 +1,11 @@
-"""The task ids an env offers, for configs that do not list them."""
+"""The task ids an env offers, for configs that do not list them; and where a config evaluates,
+resolved once for the trainer, `seeupo-eval` and `seeupo-compare`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from seeupo_gym.training.config import ConfigError
+from seeupo_gym.training.config import ConfigError, EnvConfig
 
 
 def env_task_ids(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
@@ -26,3 +27,20 @@ def env_task_ids(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
     if not ids:
         raise ConfigError(f"env {env_id!r} does not list its tasks (no `task_ids`); set env.train_tasks")
     return [str(task) for task in ids]
+
+
+def eval_env_kwargs(env: EnvConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The eval env's kwargs: `env.kwargs`, then `env.eval_kwargs`, then `extra` (a command-line
+    flag's or a comparison's), each over the last."""
+    return {**env.kwargs, **(env.eval_kwargs or {}), **(extra or {})}
+
+
+def eval_task_ids(env: EnvConfig, extra: dict[str, Any] | None = None) -> list[str]:
+    """The eval tasks: `env.eval_tasks` (unless `extra` changes the env); else, when the eval env
+    differs from the training env (`env.eval_kwargs` or `extra`), all of its tasks; else the
+    training tasks (`env.train_tasks`, or all of the env's)."""
+    if env.eval_tasks and not extra:
+        return list(env.eval_tasks)
+    if env.eval_kwargs is not None or extra:
+        return env_task_ids(env.id, eval_env_kwargs(env, extra))
+    return list(env.train_tasks or env_task_ids(env.id, env.kwargs))

@@ -31,7 +31,7 @@ from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
-from seeupo_gym.training.tasks import env_task_ids
+from seeupo_gym.training.tasks import env_task_ids, eval_env_kwargs, eval_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +144,7 @@ class Trainer:
 
         env = config.env
         self.train_tasks = list(env.train_tasks or env_task_ids(env.id, env.kwargs))
-        if env.eval_tasks:
-            self.eval_tasks = list(env.eval_tasks)
-        elif env.eval_kwargs is not None:
-            self.eval_tasks = env_task_ids(env.id, {**env.kwargs, **env.eval_kwargs})
-        else:
-            self.eval_tasks = list(self.train_tasks)
+        self.eval_tasks = eval_task_ids(env)
 
         policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
@@ -372,7 +367,8 @@ class Trainer:
                 seed=derive_seed(cfg.seed, self.state.step, _EVAL) if seed is None else seed,
                 num_envs=env.num_envs,
                 max_context_tokens=env.max_context_tokens,
-                env_kwargs={**env.kwargs, **(env.eval_kwargs or {}), **(env_kwargs or {})},
+                env_kwargs=eval_env_kwargs(env, env_kwargs),
+                vectorization=env.vectorization,
                 progress=progress,
                 desc=f"eval step {self.state.step}",
             )

@@ -20,6 +20,7 @@ from seeupo_gym.training.config import (
     ConfigError,
     apply_override,
     config_from_dict,
+    parse_yaml,
     resolve_config_path,
 )
 
@@ -97,7 +98,7 @@ def parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
         label, dot, option = key.partition(".")
         if not sep or not dot or not label or not option:
             raise ConfigError(f"--set {item!r} is not of the form LABEL.key=value")
-        options.setdefault(label.strip(), {})[option.strip()] = yaml.safe_load(value) if value.strip() else ""
+        options.setdefault(label.strip(), {})[option.strip()] = parse_yaml(value) if value.strip() else ""
     return options
 
 
@@ -110,7 +111,7 @@ def load_raw(path: str | None, overrides: Sequence[str]) -> dict[str, Any]:
     if path is not None:
         file = resolve_config_path(path)
         try:
-            raw = yaml.safe_load(file.read_text()) or {}
+            raw = parse_yaml(file.read_text()) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path!r} is not valid YAML: {error}") from error
         if not isinstance(raw, dict):
@@ -154,7 +155,7 @@ def build_plan(
     save_checkpoints: bool = False,
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
-    from seeupo_gym.training.tasks import env_task_ids
+    from seeupo_gym.training.tasks import env_task_ids, eval_task_ids
     from seeupo_gym.training.trainer import build_algorithm, check_trackers
 
     options = options or {}
@@ -194,9 +195,7 @@ def build_plan(
                 raise ConfigError(f"run {label} (seed {seed}): {error}") from error
             runs.append(RunSpec(label, name, int(seed), config, output / label / f"seed-{seed}"))
 
-    eval_kwargs = {**base.env.kwargs, **(base.env.eval_kwargs or {}), **eval_plan.env_kwargs}
-    tasks = eval_plan.tasks or (base.env.eval_tasks if not eval_plan.env_kwargs else None)
-    tasks = list(tasks or env_task_ids(base.env.id, eval_kwargs))
+    tasks = list(eval_plan.tasks or eval_task_ids(base.env, eval_plan.env_kwargs))
     if eval_plan.max_tasks:
         tasks = tasks[: eval_plan.max_tasks]
     return ComparePlan(runs, eval_plan, tasks, output, save_checkpoints)
