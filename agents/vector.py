@@ -180,7 +180,7 @@ class VectorAgent:
         self.context_mode = context_mode
         self._env_factory = env_factory or (lambda: gym.make(env_id, **self.env_kwargs))
         self.delta = ChatDelta(tokenizer) if context_mode == "auto" else None
-        self.stop_token_ids = set(sampling.stop_token_ids or getattr(backend, "default_stop_token_ids", ()))
+        self.stop_token_ids = set(sampling.stop_token_ids or backend.default_stop_token_ids)
         if not self.stop_token_ids and tokenizer.eos_token_id is not None:
             self.stop_token_ids = {tokenizer.eos_token_id}
         self.envs: list[gym.Env] = [self._env_factory() for _ in range(num_envs)]

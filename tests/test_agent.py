@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from seeupo_gym.agents.backends import Completion, HFBackend, SamplingParams
+from seeupo_gym.agents.backends import Backend, Completion, HFBackend, SamplingParams
 from seeupo_gym.agents.scoring import response_logprobs
 from seeupo_gym.agents.vector import END_CONTEXT_BUDGET, END_ENV_ERROR, ChatDelta, VectorAgent, encode, render_chat
 from seeupo_gym.spaces import UnicodeText
@@ -71,7 +71,7 @@ class ScriptedChatEnv(gym.Env):
         return {"task_id": self.task, "turn": self.turn, "messages": [dict(m) for m in self.messages], "success": success}
 
 
-class ReplayBackend:
+class ReplayBackend(Backend):
     """Replaces the model: answers every prompt with `text` tokenized canonically + <|im_end|>."""
 
     def __init__(self, tokenizer, text: str) -> None:

@@ -27,8 +27,13 @@ def _prompts(lengths=(3, 11, 6, 1), seed=0):
 HALF_STOPS = tuple(range(0, 75_000))
 
 
-def test_is_a_backend(backend):
-    assert isinstance(backend, Backend)
+def test_is_a_backend_with_the_contracts_hooks(tiny, backend):
+    assert isinstance(backend, Backend)  # a subclass of the base class, not a structural match
+    assert tiny[1].convert_tokens_to_ids("<|im_end|>") in backend.default_stop_token_ids
+    backend.release_memory()  # the base class's no-ops: nothing to give back, nothing to close
+    backend.close()
+    completion = backend.generate(_prompts((3,)), SamplingParams(max_new_tokens=2, seed=0))[0]
+    assert 1 <= len(completion.token_ids) <= 2
 
 
 def test_recorded_logprobs_equal_teacher_forced_recomputation(tiny, backend):

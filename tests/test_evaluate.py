@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from seeupo_gym.agents.backends import Completion
+from seeupo_gym.agents.backends import Backend, Completion
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.training.metrics import Outcome, pass_at_k, summarize
 from seeupo_gym.training.checkpoint import load_policy
@@ -17,7 +17,7 @@ from seeupo_gym.turnbandit import make_tasks
 EASY = {"variant": "easy", "num_tasks": 6, "max_turns": 2}
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """Replaces the model to test the evaluation around it: answers option `letters[i]` on the
     i-th call of each prompt position, cycling, so different rollouts score differently."""
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -53,15 +54,50 @@ class Completion:
     finish_reason: str
 
 
-@runtime_checkable
-class Backend(Protocol):
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What a backend needs to serve a training run, read from the run's config by the trainer
+    (this layer does not import the run layer)."""
+
+    model_name: str  # model.name_or_path
+    dtype: str
+    seed: int
+    lora_rank: int | None  # None: full fine-tuning
+    max_context_tokens: int
+    processes: int  # training processes, each with its own backend
+    sharded: bool  # the weights are sharded across processes (FSDP, DeepSpeed)
+    # The config's `generation` section (backend, prefix_cache_mib, gpu_memory_utilization, ...).
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """A generation engine: `generate` and `update_weights`, plus hooks with no-op defaults.
+
+    A backend a training run can use also implements `for_training`, building itself from the
+    run's settings; the trainer picks the class by name (`agents.backends.backend_class`).
+    """
+
+    # Tokens that end a turn when `SamplingParams.stop_token_ids` is empty (e.g. <|im_end|>, eos).
+    default_stop_token_ids: tuple[int, ...] = ()
+
+    @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         """One completion per prompt, in prompt order."""
-        ...
 
+    @abstractmethod
     def update_weights(self, state_dict_or_model: Any) -> None:
         """Make later `generate` calls sample from the learner's current weights."""
-        ...
+
+    def release_memory(self) -> None:
+        """Between rollouts: give back memory the learner needs (the next generate takes it again)."""
+
+    def close(self) -> None:
+        """Free the engine's resources; the backend is not used afterwards."""
+
+    @classmethod
+    def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "Backend":
+        """A backend serving a run whose learner trains `model`, holding its current weights."""
+        raise NotImplementedError(f"{cls.__name__} cannot serve a training run")
 
 
 def check_prompts(prompts: list[list[int]]) -> None:

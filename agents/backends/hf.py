@@ -21,7 +21,15 @@ from typing import Any
 
 import torch
 
-from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Backend,
+    Completion,
+    SamplingParams,
+    TrainingSetup,
+    check_prompts,
+)
 from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
 from seeupo_gym.agents.backends.prefix_cache import LayerKV, PrefixCache, block_hashes
 from seeupo_gym.agents.scoring import PER_ROW_MIN_TOKENS
@@ -32,7 +40,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
-class HFBackend:
+class HFBackend(Backend):
     """`Backend` over a transformers causal LM (a `PeftModel` works too).
 
     The backend shares the module with the learner when they are the same object, so
@@ -85,6 +93,11 @@ class HFBackend:
         finally:
             self.model.train(was_training)
         return completions
+
+    @classmethod
+    def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "HFBackend":
+        # It generates with the very module being trained: a sync only empties its prefix cache.
+        return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20)
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         # Cached states were computed with the old weights, also when the learner updated this

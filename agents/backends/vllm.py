@@ -36,7 +36,15 @@ from typing import Any
 import torch
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Backend,
+    Completion,
+    SamplingParams,
+    TrainingSetup,
+    check_prompts,
+)
 
 VLLM_INSTALL_HINT = (
     "VLLMBackend needs vLLM: `pip install 'seeupo-gym[vllm]'` on a CUDA machine "
@@ -101,7 +109,7 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
     model.load_weights((name, tensor.to(device)) for name, tensor in weights)
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """`Backend` over `vllm.LLM`.
 
     Args:
@@ -160,6 +168,50 @@ class VLLMBackend:
         self.sleep_level = sleep_level
         self._asleep = False
         self._weights_dropped = False
+
+    @classmethod
+    def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "VLLMBackend":
+        """An engine colocated with training: one per training process, on its device(s), holding
+        `model`'s weights (or its LoRA adapter), pushed again after every update."""
+        options = setup.options
+        tensor_parallel_size = int(options.get("tensor_parallel_size", 1))
+        if setup.sharded:
+            raise ValueError(
+                "weight sync from sharded training (FSDP / DeepSpeed) is not implemented; use DDP or one "
+                "process, or generation.backend=hf"
+            )
+        if setup.processes > 1 and tensor_parallel_size > 1:
+            raise ValueError(
+                "generation.tensor_parallel_size > 1 needs a single training process (each process drives "
+                "its own engine); set it to 1 with several processes"
+            )
+        on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = {
+            "dtype": setup.dtype,
+            "max_model_len": options.get("max_model_len") or setup.max_context_tokens,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enforce_eager": bool(options.get("enforce_eager", False)),
+        }
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = options.get("gpu_memory_utilization", 0.3)
+        if setup.processes > 1:
+            # Each training rank runs its engine in-process on its own device (TRL's colocate mode).
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        elif not on_gpu:
+            kwargs["distributed_executor_backend"] = "uni"
+        kwargs.update(options.get("vllm_kwargs") or {})
+        backend = cls(
+            setup.model_name,
+            tokenizer=tokenizer,
+            seed=setup.seed,
+            enable_lora=setup.lora_rank is not None,
+            max_lora_rank=setup.lora_rank if setup.lora_rank is not None else 64,
+            # vLLM's sleep mode is GPU memory management; the CPU build has none.
+            sleep_level=int(options.get("sleep_level", 1)) if on_gpu else 0,
+            **kwargs,
+        )
+        backend.update_weights(model)
+        return backend
 
     # -- Backend -----------------------------------------------------------------------------
 

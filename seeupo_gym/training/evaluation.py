@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from seeupo_gym.agents.backends.base import Backend
 from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 logger = logging.getLogger(__name__)
@@ -205,18 +206,19 @@ def evaluate_policy(
     )
 
 
-class _TurnProgress:
+class _TurnProgress(Backend):
     """A backend that reports each generate call (one turn of every running episode) on a bar.
 
     Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
     still for minutes on a slow model.
     """
 
-    def __init__(self, backend: Any, bar: Any) -> None:
+    def __init__(self, backend: Backend, bar: Any) -> None:
         self._backend = backend
         self._bar = bar
         self.turns = 0
         self.tokens = 0
+        self.default_stop_token_ids = backend.default_stop_token_ids
 
     def generate(self, prompts: Any, sampling: Any) -> Any:
         completions = self._backend.generate(prompts, sampling)
@@ -225,8 +227,8 @@ class _TurnProgress:
         self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
         return completions
 
-    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped backend's
-        return getattr(self._backend, name)
+    def update_weights(self, state_dict_or_model: Any) -> None:
+        self._backend.update_weights(state_dict_or_model)
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

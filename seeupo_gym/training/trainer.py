@@ -163,63 +163,27 @@ class Trainer:
     # ------------------------------------------------------------------ construction
 
     def _make_backend(self) -> Any:
-        """The generation engine of `generation.backend`, holding the learner's current weights."""
-        generation = self.config.generation
-        if generation.backend == "hf":
-            from seeupo_gym.agents.backends.hf import HFBackend
-
-            # It generates with the very module being trained: a sync only empties its prefix cache.
-            return HFBackend(
-                self.accelerator.unwrap_model(self.model), self.tokenizer,
-                prefix_cache_bytes=generation.prefix_cache_mib << 20,
-            )
-        backend = self._make_vllm_backend()
-        backend.update_weights(self.accelerator.unwrap_model(self.model))
-        return backend
-
-    def _make_vllm_backend(self) -> Any:
-        """A vLLM engine colocated with training: one per training process, on its device(s)."""
+        """The generation engine of `generation.backend`, built by its class from the run's
+        settings and holding the learner's current weights."""
         from accelerate.utils import DistributedType
 
-        from seeupo_gym.agents.backends.vllm import VLLMBackend
+        from seeupo_gym.agents.backends import TrainingSetup, backend_class
 
-        generation, model, acc = self.config.generation, self.config.model, self.accelerator
-        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-            raise ConfigError(
-                "generation.backend=vllm: weight sync from sharded training (FSDP / DeepSpeed) is not "
-                "implemented; use DDP or one process, or generation.backend=hf"
-            )
-        if acc.num_processes > 1 and generation.tensor_parallel_size > 1:
-            raise ConfigError(
-                "generation.tensor_parallel_size > 1 needs a single training process (each process "
-                "drives its own engine); set it to 1 with several processes"
-            )
-        on_gpu = torch.cuda.is_available()
-        kwargs: dict[str, Any] = {
-            "dtype": model.dtype,
-            "max_model_len": generation.max_model_len or self.config.env.max_context_tokens,
-            "tensor_parallel_size": generation.tensor_parallel_size,
-            "enforce_eager": generation.enforce_eager,
-        }
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = generation.gpu_memory_utilization
-        if acc.num_processes > 1:
-            # Each training rank runs its engine in-process on its own device (TRL's colocate mode).
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        elif not on_gpu:
-            kwargs["distributed_executor_backend"] = "uni"
-        kwargs.update(generation.vllm_kwargs)
-        lora = model.lora
-        return VLLMBackend(
-            model.name_or_path,
-            tokenizer=self.tokenizer,
-            seed=self.config.train.seed,
-            enable_lora=lora is not None,
-            max_lora_rank=lora.r if lora is not None else 64,
-            # vLLM's sleep mode is GPU memory management; the CPU build has none.
-            sleep_level=generation.sleep_level if on_gpu else 0,
-            **kwargs,
+        config, acc = self.config, self.accelerator
+        setup = TrainingSetup(
+            model_name=config.model.name_or_path,
+            dtype=config.model.dtype,
+            seed=config.train.seed,
+            lora_rank=config.model.lora.r if config.model.lora is not None else None,
+            max_context_tokens=config.env.max_context_tokens,
+            processes=acc.num_processes,
+            sharded=acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED),
+            options=dataclasses.asdict(config.generation),
         )
+        try:
+            return backend_class(config.generation.backend).for_training(acc.unwrap_model(self.model), self.tokenizer, setup)
+        except ValueError as error:
+            raise ConfigError(f"generation.backend={config.generation.backend}: {error}") from error
 
     def _make_agent(self, env_kwargs: dict[str, Any]) -> Any:
         from seeupo_gym.agents.backends.base import SamplingParams
@@ -326,10 +290,8 @@ class Trainer:
         self.backend.update_weights(self.accelerator.unwrap_model(self.model))
 
     def _release_generation_memory(self) -> None:
-        # A colocated vLLM engine sleeps through the update; the next generate or sync wakes it.
-        release = getattr(self.backend, "release_memory", None)
-        if release is not None:
-            release()
+        # A colocated engine may sleep through the update; the next generate or sync wakes it.
+        self.backend.release_memory()
 
     def evaluate(
         self,
@@ -404,7 +366,7 @@ class Trainer:
         return self.output_dir / "checkpoints"
 
     def save_checkpoint(self) -> Path:
-        """See `checkpoint.py`: resumable state plus a folder Hugging Face / peft / vLLM load."""
+        """See `checkpoint.py`: resumable state plus a folder in Hugging Face form (peft adapters too)."""
         return ckpt.save_checkpoint(
             self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step
         )
@@ -429,9 +391,7 @@ class Trainer:
 
     def close(self) -> None:
         self.agent.close()
-        close_backend = getattr(self.backend, "close", None)
-        if close_backend is not None:
-            close_backend()
+        self.backend.close()
         if self.config.log.trackers:
             self.accelerator.end_training()
 
