@@ -17,12 +17,11 @@ import numpy as np
 from tenacity import RetryError, Retrying, stop_after_attempt
 
 from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.agents.vector import END_ENV_ERROR  # the agent's `info["end"]` for an env exception
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory
 
 logger = logging.getLogger(__name__)
 
-# VectorAgent's `info["end"]` for an episode an env exception ended.
-ENV_ERROR = "env_error"
 
 
 class RolloutError(RuntimeError):
@@ -77,7 +76,7 @@ def collect(
     else:
         errors = [error] if error else []
         gathered = trajectories
-    failed = [t for t in gathered if t.info.get("end") == ENV_ERROR]
+    failed = [t for t in gathered if t.info.get("end") == END_ENV_ERROR]
     if failed and not errors:
         logger.warning(
             "%s: %d of %d episodes hit an env error and are left out of the batch, e.g. task %s: %s",
@@ -87,10 +86,10 @@ def collect(
             errors = [f"every episode hit an env error, e.g. task {failed[0].task_id}: {failed[0].info.get('error')}"]
     if errors:
         raise RolloutError(f"{what}: collecting rollouts failed after {retries + 1} attempt(s): {'; '.join(errors)}")
-    gathered = [t for t in gathered if t.info.get("end") != ENV_ERROR]
+    gathered = [t for t in gathered if t.info.get("end") != END_ENV_ERROR]
     if world > 1:
         # rollout ids are unique per process; make them unique in the gathered batch.
-        per_rank = gather_object([len([t for t in trajectories if t.info.get("end") != ENV_ERROR])])
+        per_rank = gather_object([len([t for t in trajectories if t.info.get("end") != END_ENV_ERROR])])
         owners = [r for r, count in enumerate(per_rank) for _ in range(count)]
         gathered = [dataclasses.replace(t, rollout_id=f"p{r}/{t.rollout_id}", group_id=f"p{r}/{t.group_id}")
                     for r, t in zip(owners, gathered)]

@@ -29,13 +29,13 @@ from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, algorithm_class, load_plugin
 from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
-from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
+from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
 from seeupo_gym.training.tasks import env_task_ids, eval_env_kwargs, eval_task_ids
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENV_ERROR", "RolloutError", "Trainer", "TrainerState", "build_algorithm", "check_trackers"]
+__all__ = ["RolloutError", "Trainer", "TrainerState", "build_algorithm", "check_trackers"]
 
 # Purposes mixed into derive_seed(seed, step, purpose): independent streams per step.
 _ROLLOUT, _UPDATE, _EVAL = 0, 1, 2
