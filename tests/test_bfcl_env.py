@@ -209,8 +209,10 @@ def test_backend_errors_come_back_as_results():
     env.reset(options={"task_id": "multi_turn_base_0"})
     observation, *_, info = env.step(render_action(["cd(folder='nowhere')", "cd(wrong_param=1)"]))
     assert info["action_kind"] == "calls"
-    assert "No such directory" in observation or "nowhere" in observation
-    assert "Error during execution" in observation
+    first, second = observation.splitlines()[1:]
+    # The tool's own error result, and the executor's error for a call the tool cannot take.
+    assert first.startswith("[1] cd(folder='nowhere') -> ") and "No such file or directory" in first
+    assert second.startswith("[2] cd(wrong_param=1) -> Error during execution") and "wrong_param" in second
 
 
 def test_miss_func_reveals_held_back_functions_in_the_user_message():
