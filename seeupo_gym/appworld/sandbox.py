@@ -192,16 +192,24 @@ class Launcher:
         host_root: Path,
         log: IO[bytes],
         cgroup: MemoryCgroup | None = None,
+        filter_per_process: bool = False,
     ) -> subprocess.Popen[bytes]:
         """Start `worker/<script>` with `control_fd` as its only channel to the host, inside
         `cgroup` (all it starts too) if given.
 
         `host_root` is the server's own folder: unsandboxed workers use it for their AppWorld
-        root and scratch, in place of the sandbox's mounts.
+        root and scratch, in place of the sandbox's mounts. `filter_per_process`: the worker
+        gets the seccomp filter as a file descriptor (its second argument) and loads it itself
+        on the processes that run model code, after making their namespaces (`worker/cells.py`);
+        bwrap then loads none, and nested user namespaces stay allowed until then.
         """
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
-        command = self._bwrap_command(mounts) + [*self._drop_to_nobody(), *self._python(script, control_fd)]
+        per_process = filter_per_process and self.seccomp
+        command = self._bwrap_command(mounts, filter_per_process=per_process)
+        command += [*self._drop_to_nobody(), *self._python(script, control_fd)]
+        if per_process:
+            command.append("{seccomp_fd}")
         return self._start_bwrap(command, control_fd, log, cgroup)
 
     # ------------------------------------------------------------------ sandboxed
@@ -224,7 +232,7 @@ class Launcher:
             "SEEUPO_SANDBOXED": "1",
         }
 
-    def _bwrap_command(self, mounts: Mounts) -> list[str]:
+    def _bwrap_command(self, mounts: Mounts, filter_per_process: bool = False) -> list[str]:
         assert self.bwrap is not None
         command = [
             str(self.bwrap),
@@ -236,13 +244,15 @@ class Launcher:
         # as root that includes its uid map, so it waits before using its user namespace.
         block = "--userns-block-fd" if os.geteuid() == 0 else "--block-fd"
         command += [block, "{block_fd}", "--info-fd", "{info_fd}"]
-        if self.seccomp:
+        if self.seccomp and not filter_per_process:
             command += ["--seccomp", "{seccomp_fd}"]  # loaded just before the worker starts
         if os.geteuid() == 0:
             # setpriv (below) needs these to drop to nobody; it then clears every capability.
             command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
-            command += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+            command += ["--uid", str(NOBODY), "--gid", str(NOBODY)]
+            if not filter_per_process:
+                command += ["--disable-userns"]
         for key, value in self._environment().items():
             command += ["--setenv", key, value]
         command += _system_binds()
@@ -262,8 +272,8 @@ class Launcher:
                     made.add(str(parent))
             command += ["--ro-bind", str(host), inside]
             made.add(inside)
+        command += ["--proc", "/proc", *_minimal_dev()]
         command += [
-            "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.scratch_mb * 2**20), "--perms", "0777", "--tmpfs", SCRATCH_MOUNT,  # owned by sandbox root: let nobody write
         ]
         if "/tmp" not in made:
@@ -314,8 +324,11 @@ class Launcher:
                 if cgroup is not None:
                     cgroup.add(pid)
                 if os.geteuid() == 0:
+                    # The sandbox's nobody is a host uid of its own: per-user kernel budgets
+                    # (pipe buffers, epoll watches, locked shared memory) are per sandbox.
+                    own = host_uid(pid)
                     for kind in ("uid_map", "gid_map"):
-                        Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {NOBODY} 1\n")
+                        Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {own} 1\n")
         except OSError:
             # bwrap failed before or while we set it up (its log says why), or the cgroup refused it
             process.kill()
@@ -349,6 +362,25 @@ class Launcher:
             cwd=aw_root, env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             pass_fds=(control_fd,), start_new_session=True,
         )
+
+
+HOST_UID_BASE = 2**31  # + the sandbox's host pid: unique among live sandboxes, no user's uid
+
+
+def host_uid(sandbox_pid: int) -> int:
+    """The host uid (and gid) of the sandbox's nobody, as root: one per sandbox."""
+    return HOST_UID_BASE + sandbox_pid
+
+
+def _minimal_dev() -> list[str]:
+    """A read-only /dev of the few devices Python uses: no devpts (pseudo-terminals are one
+    budget for every sandbox on the machine), no /dev/shm."""
+    args = ["--tmpfs", "/dev"]
+    for name in ("null", "zero", "full", "random", "urandom"):
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{number}", f"/dev/{name}"]
+    return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev"]
 
 
 _CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ran here

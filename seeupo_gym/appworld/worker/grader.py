@@ -36,7 +36,7 @@ def main() -> None:
         except (wire.WireError, OSError):
             os._exit(0)
         if request.get("op") != "evaluate":
-            wire.send(control, {"ok": False, "error": f"unknown request {request.get('op')!r}"})
+            wire.send(control, {"ok": False, "error": f"unknown request {request.get('op')!r}", "id": request.get("id")})
             continue
         parent = os.getpid()
         pid = os.fork()
@@ -47,11 +47,13 @@ def main() -> None:
                 reply = {"ok": True, "output": _evaluate(request["task_id"])}
             except BaseException as error:  # noqa: BLE001  report, never hang the host
                 reply = {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
+            reply["id"] = request.get("id")
             wire.send(control, reply)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
         if status != 0:
-            wire.send(control, {"ok": False, "error": f"the evaluation process died (wait status {status})"})
+            wire.send(control, {"ok": False, "error": f"the evaluation process died (wait status {status})",
+                                "id": request.get("id")})
 
 
 def _evaluate(task_id: str) -> dict:
