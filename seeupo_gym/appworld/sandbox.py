@@ -65,6 +65,8 @@ class SandboxLimits:
     processes: processes and threads of the sandbox user (RLIMIT_NPROC, counted per sandbox).
     open_files: RLIMIT_NOFILE. file_size_mb: largest file it may write (RLIMIT_FSIZE).
     scratch_mb: size of /scratch (a tmpfs: counted in total_memory_mb too).
+    pending_signals: queued signals (RLIMIT_SIGPENDING; they count against the host user that
+    made the sandbox too). locked_mb: locked memory (RLIMIT_MEMLOCK).
     """
 
     memory_mb: int = 3072
@@ -74,6 +76,8 @@ class SandboxLimits:
     open_files: int = 512
     file_size_mb: int = 64
     scratch_mb: int = 256
+    pending_signals: int = 256
+    locked_mb: int = 0
 
     def __post_init__(self) -> None:
         if self.total_memory_mb <= self.memory_mb:
@@ -89,6 +93,8 @@ class SandboxLimits:
             "processes": self.processes,
             "open_files": self.open_files,
             "file_size_mb": self.file_size_mb,
+            "pending_signals": self.pending_signals,
+            "locked_mb": self.locked_mb,
         }
 
 
