@@ -42,6 +42,7 @@ from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from seeupo_gym.appworld.paths import find_python
 from seeupo_gym.appworld.sandbox import APPWORLD_ROOT, Launcher, Mounts, SandboxLimits
 from seeupo_gym.appworld.worker import wire
+from seeupo_gym.text import bounded as _bounded
 
 logger = logging.getLogger(__name__)
 
@@ -57,22 +58,8 @@ MAX_ERROR_CHARS = 2000  # an error from a worker, as the host keeps it
 
 
 def bounded(value: Any, limit: int = MAX_ERROR_CHARS) -> str:
-    """Text from a sandbox as the host keeps it: a string of at most `limit` characters, valid
-    Unicode (a lone surrogate, which no tokenizer takes, is written as its escape)."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) > limit:
-        note = f"... [{len(text) - limit} more characters]"
-        text = text[: max(0, limit - len(note))] + note
-    return valid_unicode(text)
-
-
-def valid_unicode(text: str) -> str:
-    """`text` with lone surrogates escaped (`\\udc80`): encodable as UTF-8."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """Text from a sandbox as the host keeps it: valid Unicode, at most `limit` characters."""
+    return _bounded(value, limit)
 
 
 class ServerError(RuntimeError):

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 from seeupo_gym.bfcl.calls import ActionError, Call
 from seeupo_gym.bfcl.data import Entry
+from seeupo_gym.text import valid_unicode
 
 _BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _BACKEND_MODULES: dict[str, str] = {
@@ -58,15 +59,16 @@ ARGUMENT_BOUNDS: dict[tuple[str, str], float] = {
 
 
 def format_result(value: Any) -> str:
-    """A call's return value as BFCL's executor reports it to the model."""
+    """A call's return value as BFCL's executor reports it to the model (valid Unicode: a
+    string the call built may hold lone surrogates, written then as escapes)."""
     if type(value) is str:
-        return value
+        return valid_unicode(value)
     if type(value) is dict:
         try:
-            return json.dumps(value)
+            return json.dumps(value)  # ASCII: surrogates come out as escapes
         except (TypeError, ValueError):
-            return str(value)
-    return str(value)
+            return valid_unicode(str(value))
+    return valid_unicode(str(value))
 
 
 class EpisodeBackend:
