@@ -8,6 +8,7 @@ and the host's handling of what comes back.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import seeupo_gym  # noqa: F401  (registers the ids)
 from conftest import appworld_mini
 from seeupo_gym.appworld import find_python, render_action
-from seeupo_gym.appworld.server import AppWorldServer, ServerPool
+from seeupo_gym.appworld.server import AppWorldServer, ServerError, ServerPool
 
 pytestmark = pytest.mark.appworld
 
@@ -277,6 +278,50 @@ def test_each_sandbox_is_a_host_user_of_its_own(server):
     finally:
         other.shutdown()
     assert len(uids) == 2 and not uids & {0, 65534, os.getuid()}, uids
+
+
+# ---------------------------------------------------------------------------- the grader
+
+COLLATERAL = ["assert no model other than simple_note.Note changed."]
+
+
+@pytest.fixture(scope="module")
+def honest_state(server) -> dict[str, str]:
+    """The change files of mininote_2 solved by its ground truth: scores 1.0."""
+    server.close_episode(collect=False)
+    server.open_episode("mininote_2", timeout_seconds=10, max_interactions=50)
+    server.execute(solution("mininote_2"), timeout=40)
+    state = server.close_episode(collect=True)
+    assert server.grade("mininote_2", state)["success"]
+    return state
+
+
+def with_change(state: dict[str, str], app: str, statement: str) -> dict[str, str]:
+    """`state` with one raw statement appended to an app's change file, as model code can."""
+    return {**state, f"{app}.jsonl": state.get(f"{app}.jsonl", "") + json.dumps([statement, [], False]) + "\n"}
+
+
+@pytest.mark.parametrize("statement", [
+    "DELETE FROM main.alarms",  # schema-qualified
+    'DELETE FROM "main"."alarms" WHERE id = 1',
+    "UPDATE alarms SET label = 'moved' WHERE id = 1",  # a raw update keeps the row's record hash
+    "UPDATE alarms SET label = 'moved', record_hash = 'P3GemumZyCA=' WHERE id = 1",  # or restores it
+])
+def test_side_effects_the_episode_writes_itself_are_seen_by_the_grader(server, honest_state, statement):
+    report = server.grade("mininote_2", with_change(honest_state, "phone", statement))
+    assert [f["requirement"] for f in report["failures"]] == COLLATERAL, report
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE loot (x)",
+    "DROP TABLE alarms",
+    "UPDATE alarms SET label = randomblob(300000000) || randomblob(300000000) WHERE id = 1",
+    "ATTACH DATABASE '/scratch/x.db' AS x",
+    "INSERT INTO alarms (time) SELECT time FROM alarms",
+])
+def test_the_grader_replays_nothing_but_data_changes_of_the_apps_own_tables(server, honest_state, statement):
+    with pytest.raises(ServerError, match="not a data change|does not replay"):
+        server.grade("mininote_2", with_change(honest_state, "phone", statement))
 
 
 # ---------------------------------------------------------------------------- the wire

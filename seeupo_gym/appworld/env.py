@@ -38,6 +38,7 @@ from seeupo_gym.appworld.server import AppWorldServer, ServerDied, ServerError, 
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.text import bounded
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -308,14 +309,17 @@ class AppWorldEnv(gym.Env[str, str]):
         except (ServerDied, ServerTimeout, ServerError) as failure:
             self._server.kill()
             return 0.0, False, _no_tests(), f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"
-        passed = len(report["passes"])
-        total = int(report["num_tests"])
-        tests = {
-            "passed": passed,
-            "total": total,
-            "failed_requirements": [failure["requirement"] for failure in report["failures"]],
-        }
-        return (passed / total if total else 0.0), bool(report["success"]), tests, reason
+        try:
+            passed, total = len(report["passes"]), int(report["num_tests"])
+            failed = [bounded(failure["requirement"], 500) for failure in report["failures"][:100]]
+            success, graded_complete = report["success"] is True, report.get("completed") is True
+        except (KeyError, TypeError, ValueError) as failure:
+            self._server.kill()
+            return 0.0, False, _no_tests(), f"{reason}; evaluation failed: malformed report ({failure!r})"[:2000]
+        if completed and not graded_complete:
+            reason = "claimed completion, but the grader found the task not completed"
+        tests = {"passed": passed, "total": total, "failed_requirements": failed}
+        return (min(1.0, passed / total) if total > 0 else 0.0), success, tests, reason
 
     def _clip(self, text: str) -> str:
         limit = self.max_output_chars

@@ -263,7 +263,7 @@ class AppWorldServer:
                               filter_per_process=True)
         self._grader = _Worker(
             "grader.py", launcher, Mounts([(self.data_dir, f"{APPWORLD_ROOT}/data")], experiments_from=self._final),
-            self.root,
+            self.root, self.limits.total_memory_mb,  # a memory bound of its own: it replays model-written SQL
         )
         self._episode: socket.socket | None = None
         self._episode_task: str | None = None
@@ -404,7 +404,8 @@ class AppWorldServer:
         return output["state"] if collect else None
 
     def grade(self, task_id: str, state: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
-        """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth."""
+        """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth,
+        plus "completed": whether the final state holds a completed task."""
         tasks = self._final / "outputs" / EXPERIMENT / "tasks"
         shutil.rmtree(tasks, ignore_errors=True)
         dbs = tasks / task_id / "dbs"
