@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import time
 from pathlib import Path
-import textwrap
 
 import gymnasium as gym
 import psutil
