@@ -140,15 +140,15 @@ class EpisodeBackend:
                 scenario = copy.deepcopy(entry.initial_config.get(class_name, {}))
                 instance._load_scenario(scenario, long_context=entry.long_context)
             self.instances[class_name] = instance
+            # Public methods only; on a name clash the later class wins, as in BFCL's executor.
+            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+                if not name.startswith("_"):
+                    self._methods[name] = method
         file_system = self.instances.get("GorillaFileSystem")
         self._fs_limits: tuple[int, int] | None = None
         if file_system is not None:
             entries, size = file_system_size(file_system.root)
             self._fs_limits = (entries + FILE_SYSTEM_BOUNDS[0], size + FILE_SYSTEM_BOUNDS[1])
-            # Public methods only; on a name clash the later class wins, as in BFCL's executor.
-            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
-                if not name.startswith("_"):
-                    self._methods[name] = method
 
     @property
     def method_names(self) -> frozenset[str]:
