@@ -394,12 +394,15 @@ def test_a_forged_reply_carrying_the_requests_own_id_is_only_that_steps_output(e
 
 
 def test_a_claimed_completion_is_not_a_completed_task(env):
+    # The episode's process says its task is completed (a patch here; a forged reply is the
+    # same claim): the grader finds no completed task in its state, and the episode goes on.
     env.reset(options={"task_id": "mininote_1"})
     patch = "random._os.sys.modules['appworld.environment'].AppWorld.task_completed = lambda self: True"
-    observation, reward, terminated, _, info = env.step(render_action(PRELUDE + patch + "\n# complete_task"))
-    assert terminated
-    assert info["termination_reason"] != "completed", info["termination_reason"]
-    assert not info["success"]
+    observation, reward, terminated, truncated, info = env.step(render_action(PRELUDE + patch + "\n# complete_task"))
+    assert (terminated, truncated, reward) == (False, False, 0.0), info["termination_reason"]
+    # A real completion ends it, as the grader says.
+    _, reward, terminated, _, info = env.step(render_action(solution("mininote_1")))
+    assert terminated and info["termination_reason"] == "completed" and reward == 1.0
 
 
 # ---------------------------------------------------------------------------- recovery

@@ -407,6 +407,14 @@ class AppWorldServer:
         output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=CONTROL_TIMEOUT_S)
         return output["state"] if collect else None
 
+    def episode_state(self) -> dict[str, str]:
+        """The open episode's saved state (DB change files by name), its process left as it is:
+        stopped between requests, so the files do not change while they are read."""
+        if self._episode is None:
+            raise ServerError("no episode is open")
+        output = self._cells.request({"op": "state", "task_id": self._episode_task}, timeout=CONTROL_TIMEOUT_S)
+        return output["state"]
+
     def grade(self, task_id: str, state: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
         """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth,
         plus "completed": whether the final state holds a completed task."""

@@ -57,6 +57,8 @@ def main() -> None:
                 reply["output"] = {"running": episode is not None and episode.thaw()}
             elif op == "sweep":
                 reply["output"] = {"killed": _sweep(episode)}
+            elif op == "state":
+                reply["output"] = {"state": _collect_state(request["task_id"])}
             elif op == "end":
                 ended = _stop(episode)
                 episode = None
