@@ -316,7 +316,10 @@ class VectorAgent:
                 continue
             _, info = outcome
             episode.messages = [dict(m) for m in info["messages"]]
-            episode.context = self.initial_context(episode.messages)
+            context = self._encode_or_end(episode, lambda: self.initial_context(episode.messages))
+            if context is None:
+                continue
+            episode.context = context
             if self._over_budget(episode):
                 self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True)
                 continue
@@ -369,16 +372,36 @@ class VectorAgent:
             {"role": "user", "content": reply},
         ]
         if self.delta is not None and messages == expected:
-            delta = self.observation_delta(reply, completion.token_ids, completion.finish_reason)
+            delta = self._encode_or_end(
+                episode, lambda: self.observation_delta(reply, completion.token_ids, completion.finish_reason), info)
+            if delta is None:
+                return True
             episode.context = episode.context + list(completion.token_ids) + delta
         else:
             # The env's history is not the conversation as sampled (or rebuild was asked for).
-            episode.context = self.initial_context(messages)
+            context = self._encode_or_end(episode, lambda: self.initial_context(messages), info)
+            if context is None:
+                return True
+            episode.context = context
         episode.messages = messages
         if self._over_budget(episode):
             self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True, info=info)
             return True
         return False
+
+    def _encode_or_end(
+        self, episode: _Episode, encode: Callable[[], list[int]], info: dict[str, Any] | None = None
+    ) -> list[int] | None:
+        """`encode()`'s tokens; or None, with the episode ended as an env error, when the
+        tokenizer refuses the env's text (envs hand out valid Unicode, but one that does not
+        must cost its episode only, never the collection)."""
+        try:
+            return encode()
+        except Exception as error:  # noqa: BLE001  tokenizers raise TypeError, ValueError, ...
+            logger.warning("ending an episode of task %s: its env's text cannot be tokenized (%s)",
+                           episode.task_id, error)
+            self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, info=info, error=error)
+            return None
 
     def _over_budget(self, episode: _Episode) -> bool:
         return len(episode.context) + self.sampling.max_new_tokens > self.max_context_tokens

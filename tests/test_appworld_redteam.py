@@ -512,12 +512,21 @@ def endpoints(processes: list[psutil.Process]) -> tuple[list[int], list[str]]:
     return sorted(ports), sorted(paths)
 
 
-def cross_effects(processes: list[psutil.Process], nice: dict[int, int]) -> list[str]:
+def is_stopped(process: psutil.Process) -> bool:
+    try:
+        return process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+def cross_effects(processes: list[psutil.Process], nice: dict[int, int], stopped: set[int]) -> list[str]:
+    """What a cell did to the other env's processes. `stopped`: those stopped before it ran (an
+    episode's process is stopped by its own warm parent between requests)."""
     found = []
     for process in processes:
         try:
             status = process.status()
-            if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) and process.pid not in stopped:
                 found.append(f"stopped the other env's process {process.pid}")
                 process.resume()
             elif status == psutil.STATUS_ZOMBIE:
@@ -552,11 +561,12 @@ def attack_other_env(attacker: gym.Env, host: Host, honest: dict[str, float], vi
     for cell in catalogue.CROSS_ENV:
         processes = victim_processes(info)
         nice = {p.pid: p.nice() for p in processes}
+        stopped = {p.pid for p in processes if is_stopped(p)}
         ports, paths = endpoints(processes)
         values = {"victim_pids": [p.pid for p in our_processes()], "victim_ports": ports,
                   "victim_unix": paths, "victim_task": VICTIM_TASK}
         attack(attacker, host, [cell], "mininote_3", findings, **values)
-        effects = cross_effects(processes, nice)
+        effects = cross_effects(processes, nice, stopped)
         for effect in effects:
             findings.add("cross-env", cell.name, effect)
         if effects:  # start the other env afresh so the next cell is judged on its own

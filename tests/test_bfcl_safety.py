@@ -162,3 +162,69 @@ def test_math_calls_leave_the_process_precision_alone():
     observation, *_ = env.step(render_action(["square_root(number=2, precision=50)", "logarithm(value=8, base=2, precision=40)"]))
     assert "1.4142135623730950488016887242096980785696718753769" in observation
     assert (decimal.getcontext().prec, mpmath.mp.dps) == before
+
+
+# One level of the doubling attack: `cp` shares the copied folder's entries, so `a` ends up
+# holding two references to the previous level's tree (6 calls; 2^30 entries at 30 levels).
+DOUBLING_LEVEL = ["mkdir(dir_name='t')", "cp(source='a', destination='t')", "mv(source='a', destination='b')",
+                  "cp(source='b', destination='t')", "mv(source='t', destination='a')", "rm(file_name='b')"]
+TRAINER_GROWTH_BOUND = 256 * 2**20  # what the attack may add to this (the trainer's) process
+FILE_SYSTEM_ENTRIES = 20_000  # entries a file system may gain (seeupo_gym.bfcl.backend.FILE_SYSTEM_BOUNDS)
+
+
+def entries_seen_by_a_walk(root) -> int:
+    """Files and folders a walk of the tree visits (a shared folder once per place), counted
+    without walking: each distinct folder is summed once."""
+    counted: dict[int, int] = {}
+
+    def count(node) -> int:
+        if id(node) not in counted:
+            contents = getattr(node, "contents", None)
+            counted[id(node)] = 1 + (sum(count(child) for child in contents.values()) if isinstance(contents, dict) else 0)
+        return counted[id(node)]
+
+    return count(root)
+
+
+def test_the_doubling_cp_attack_at_30_levels_stays_within_the_step_checker_and_memory_bounds():
+    import resource
+    import time
+
+    seconds = 2.0
+    env = gym.make("seeupo/BFCL-v4-base-v0", max_turns=40, call_seconds_per_step=seconds)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        env.reset(options={"task_id": "multi_turn_base_0"})
+        file_system = env.unwrapped._backend.instances["GorillaFileSystem"]
+        start_entries = entries_seen_by_a_walk(file_system.root)
+        steps, refused = [], 0
+        setup = ["mkdir(dir_name='w')", "cd(folder='w')", "mkdir(dir_name='a')", "cd(folder='a')",
+                 "echo(content='x', file_name='f')", "cd(folder='..')"]
+        for calls in (setup, *[DOUBLING_LEVEL] * 30, ["du(human_readable=False)", "find(path='.')"]):
+            start = time.monotonic()
+            observation, reward, terminated, truncated, info = env.step(render_action(calls))
+            steps.append(time.monotonic() - start)
+            refused += "it was undone" in info["action_error"]
+            assert entries_seen_by_a_walk(file_system.root) <= start_entries + FILE_SYSTEM_ENTRIES
+        assert refused > 0  # the bound did stop the doubling
+        assert max(steps) < seconds + 1.0, steps
+        # The checker replays only the calls that ran: within its budget too.
+        start = time.monotonic()
+        while not (terminated or truncated):
+            observation, reward, terminated, truncated, info = env.step(render_turn_end())
+        assert time.monotonic() - start < 30.0
+    finally:
+        env.close()
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    assert growth < TRAINER_GROWTH_BOUND, f"the trainer's process grew by {growth / 2**20:.0f} MiB"
+
+
+def test_a_folder_copied_into_itself_is_undone_not_a_cycle():
+    env = gym.make("seeupo/BFCL-v4-base-v0", max_turns=5)
+    try:
+        env.reset(options={"task_id": "multi_turn_base_0"})
+        _, _, _, _, info = env.step(render_action(["mkdir(dir_name='loop')", "cp(source='loop', destination='loop')",
+                                                   "du(human_readable=False)"]))
+        assert "contain itself" in info["action_error"] and info["calls"] == ["mkdir(dir_name='loop')"]
+    finally:
+        env.close()

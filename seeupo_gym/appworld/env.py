@@ -38,6 +38,7 @@ from seeupo_gym.appworld.server import AppWorldServer, ServerDied, ServerError, 
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.text import bounded
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -226,6 +227,7 @@ class AppWorldEnv(gym.Env[str, str]):
         self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
 
         reward, terminated, success = 0.0, False, False
+        report: dict[str, Any] | None = None
         tests = _no_tests()
         termination_reason = ""
         if code is None:
@@ -238,8 +240,10 @@ class AppWorldEnv(gym.Env[str, str]):
                 # Saves a round trip per step: with the guard's rules (no dunders, literal getattr
                 # names) the task can only be completed by code that names `complete_task`.
                 self._completion_named = self._completion_named or "complete_task" in code
-                if self._completion_named:
-                    terminated = self._server.task_completed(timeout=60.0)
+                if self._completion_named and self._server.task_completed(timeout=60.0):
+                    # The episode's process says so; the grader decides on the state it left.
+                    report = self._grade_claim()
+                    terminated = report is not None
             except ServerError as failure:  # the episode's world reported an error and lives on
                 error = f"the environment could not run this code: {failure}"
                 observation = f"Error: {error}."
@@ -250,7 +254,7 @@ class AppWorldEnv(gym.Env[str, str]):
                 terminated = True
         truncated = not terminated and self._turn >= self.max_turns
         if (terminated or truncated) and not termination_reason:
-            reward, success, tests, termination_reason = self._evaluate(terminated)
+            reward, success, tests, termination_reason = self._evaluate(terminated, report)
         self._done = terminated or truncated
         if not self._done:
             self._messages.append({"role": "user", "content": observation})
@@ -298,24 +302,37 @@ class AppWorldEnv(gym.Env[str, str]):
             return task
         raise AssertionError("unreachable")
 
-    def _evaluate(self, completed: bool) -> tuple[float, bool, dict[str, Any], str]:
-        """Score the episode's final state in the grader (the episode's process is killed first)."""
+    def _grade_claim(self) -> dict[str, Any] | None:
+        """The grader's report on the episode's state as it is now, if that state holds a
+        completed task; None (the episode goes on) if it does not or cannot be graded."""
+        assert self._server is not None and self._task_id is not None
+        try:
+            report = self._server.grade(self._task_id, self._server.episode_state(), timeout=30.0)
+        except ServerError:
+            return None
+        return report if isinstance(report, dict) and report.get("completed") is True else None
+
+    def _evaluate(self, completed: bool, report: dict[str, Any] | None = None) -> tuple[float, bool, dict[str, Any], str]:
+        """Score the episode's final state in the grader (the episode's process is killed first);
+        `report`: the grader's report on that state, already made."""
         reason = "completed" if completed else "max_turns"
         assert self._server is not None and self._task_id is not None
         try:
-            state = self._server.close_episode(collect=True)
-            report = self._server.grade(self._task_id, state or {}, timeout=30.0)
+            state = self._server.close_episode(collect=report is None)
+            if report is None:
+                report = self._server.grade(self._task_id, state or {}, timeout=30.0)
         except (ServerDied, ServerTimeout, ServerError) as failure:
             self._server.kill()
             return 0.0, False, _no_tests(), f"{reason}; evaluation failed: {type(failure).__name__}: {failure}"
-        passed = len(report["passes"])
-        total = int(report["num_tests"])
-        tests = {
-            "passed": passed,
-            "total": total,
-            "failed_requirements": [failure["requirement"] for failure in report["failures"]],
-        }
-        return (passed / total if total else 0.0), bool(report["success"]), tests, reason
+        try:
+            passed, total = len(report["passes"]), int(report["num_tests"])
+            failed = [bounded(failure["requirement"], 500) for failure in report["failures"][:100]]
+            success = report["success"] is True
+        except (KeyError, TypeError, ValueError) as failure:
+            self._server.kill()
+            return 0.0, False, _no_tests(), f"{reason}; evaluation failed: malformed report ({failure!r})"[:2000]
+        tests = {"passed": passed, "total": total, "failed_requirements": failed}
+        return (min(1.0, passed / total) if total > 0 else 0.0), success, tests, reason
 
     def _clip(self, text: str) -> str:
         limit = self.max_output_chars

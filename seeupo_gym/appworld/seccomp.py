@@ -4,9 +4,14 @@ Namespaces bound what model code can reach; the kernel itself stays reachable th
 system call. This filter refuses the ones that widen that surface and that no AppWorld code
 needs: new namespaces (a nested user namespace grants every capability inside it), mounts,
 ptrace and cross-process memory, BPF, perf events, userfaultfd, io_uring, keyrings, kernel
-modules. Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
+modules; and kernel budgets one sandbox could use up for the host or another sandbox
+(inotify instances are charged to the user that made the sandbox's user namespace, root;
+`F_SETPIPE_SZ` draws on a per-user pipe budget). Sockets: only AF_UNIX (AppWorld talks to its
+apps in-process; asyncio's self-pipe is a Unix socketpair); AF_VSOCK, in particular, is not
+namespaced and would reach the virtual machine's host. Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
 as BPF, and loaded by bwrap (`--seccomp FD`) just before it starts the worker; no_new_privs
-is already set, so no privilege is needed. System calls of other architectures (32-bit
+is already set, so no privilege is needed. The cell sandbox loads it per episode instead
+(`worker/limits.py`, `load_seccomp`), after the episode's own namespaces are made. System calls of other architectures (32-bit
 `int 0x80` on x86-64) are killed: libseccomp's default for a foreign architecture.
 """
 
@@ -27,13 +32,18 @@ REFUSED = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
     "open_by_handle_at", "name_to_handle_at", "fanotify_init", "syslog", "acct", "quotactl",
     "swapon", "swapoff", "reboot", "iopl", "ioperm",
+    "inotify_init", "inotify_init1",
 )
+SOCKET_FAMILIES = (1,)  # AF_UNIX; socket(2) and socketpair(2) with any other family: EAFNOSUPPORT
+F_SETPIPE_SZ = 1031
 # clone(2) flags that make namespaces; clone3 hides its flags in memory, so it gets ENOSYS and
 # the C library falls back to clone, whose flags the filter can see.
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 
 _ACT_ALLOW = 0x7FFF0000
+_CMP_NE = 1
 _CMP_MASKED_EQ = 7
+_INT_MASK = 0xFFFFFFFF  # int arguments: the kernel reads the low 32 bits
 
 
 def _act_errno(number: int) -> int:
@@ -83,6 +93,11 @@ def filter_program() -> bytes:
         for flag in NAMESPACE_FLAGS:
             refuse("clone", _act_errno(errno.EPERM), _ArgCmp(0, _CMP_MASKED_EQ, flag, flag))
         refuse("clone3", _act_errno(errno.ENOSYS))
+        # Any family but AF_UNIX, compared on all 64 bits: high bits set are refused as well.
+        assert SOCKET_FAMILIES == (1,), "one family: libseccomp takes one comparison per argument"
+        for syscall in ("socket", "socketpair"):
+            refuse(syscall, _act_errno(errno.EAFNOSUPPORT), _ArgCmp(0, _CMP_NE, SOCKET_FAMILIES[0], 0))
+        refuse("fcntl", _act_errno(errno.EPERM), _ArgCmp(1, _CMP_MASKED_EQ, _INT_MASK, F_SETPIPE_SZ))
         read_end, write_end = os.pipe()
         try:
             # Small enough for the pipe's buffer (a few KiB against 64 KiB).

@@ -5,14 +5,18 @@ the main thread for its code timeout, so worlds never run in the caller's proces
 code is an adversary (RL finds any route from it to the host or the grader), so it runs
 only in an episode process that is
 - forked per episode from a warm parent that has imported AppWorld but run no model code,
+  into user, PID and IPC namespaces of the episode's own (the warm parent has no pid there),
 - inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
   private scratch, only the current task's public files, rlimits, one memory cgroup for all
   its processes, no inherited environment,
-- killed with everything it started when the episode ends (its final state is read out
-  first), so no variable, patch, thread or file reaches the next episode.
+- stopped (SIGSTOP, all its threads) between requests, after the warm parent has killed
+  whatever the request started: nothing of it runs while the policy thinks,
+- killed with everything in its namespaces when the episode ends (its final state is read
+  out first), so no variable, patch, thread, process, IPC object or file reaches the next.
 The grader runs in a second sandbox where no model code ever runs; it has the ground truth
 and sees only the episode's final DB changes. The host talks to both over Unix sockets that
-only it and the worker hold; each request has a deadline.
+only it and the worker hold; each request has a deadline and an id its reply must carry, and
+everything read from a sandbox is bounded and made valid Unicode here.
 
 A worker that fails a request (no answer in time, a broken reply, death) is killed and
 started afresh at the next reset; an episode process that fails ends its episode.
@@ -25,6 +29,7 @@ import functools
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -41,6 +46,7 @@ from seeupo_gym.appworld.cgroup import MemoryCgroup, MemoryCgroupUnavailable
 from seeupo_gym.appworld.paths import find_python
 from seeupo_gym.appworld.sandbox import APPWORLD_ROOT, Launcher, Mounts, SandboxLimits
 from seeupo_gym.appworld.worker import wire
+from seeupo_gym.text import bounded as _bounded
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,16 @@ DIR_PREFIX = "seeupo-appworld-"
 EXPERIMENT = "seeupo"
 _STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.jsonl")
 _LOG_TAIL_CHARS = 2000
+# What the warm parent does per request (fork, signal, kill, read a few files) takes
+# milliseconds: a parent that does not answer within this was stopped or wedged, and is
+# replaced well within a step's deadline.
+CONTROL_TIMEOUT_S = 5.0
+MAX_ERROR_CHARS = 2000  # an error from a worker, as the host keeps it
+
+
+def bounded(value: Any, limit: int = MAX_ERROR_CHARS) -> str:
+    """Text from a sandbox as the host keeps it: valid Unicode, at most `limit` characters."""
+    return _bounded(value, limit)
 
 
 class ServerError(RuntimeError):
@@ -76,9 +92,11 @@ class _Worker:
     """One worker process (the cell parent or the grader) and the socket the host holds to it."""
 
     def __init__(
-        self, script: str, launcher: Launcher, mounts: Mounts, root: Path, memory_limit_mb: int | None = None
+        self, script: str, launcher: Launcher, mounts: Mounts, root: Path, memory_limit_mb: int | None = None,
+        filter_per_process: bool = False,
     ) -> None:
         self.script = script
+        self._filter_per_process = filter_per_process
         self._launcher = launcher
         self._mounts = mounts
         self._root = root
@@ -107,7 +125,8 @@ class _Worker:
         try:
             with open(self.log_path, "ab") as log:
                 self._process = self._launcher.spawn(
-                    self.script, worker_end.fileno(), self._mounts, self._root, log, cgroup=self.cgroup
+                    self.script, worker_end.fileno(), self._mounts, self._root, log, cgroup=self.cgroup,
+                    filter_per_process=self._filter_per_process,
                 )
         except BaseException:
             host_end.close()
@@ -128,12 +147,13 @@ class _Worker:
         self.ready = True
 
     def request(self, message: dict[str, Any], timeout: float, fd: int | None = None) -> Any:
+        message = {**message, "id": secrets.token_hex(8)}
         reply = self._exchange(message, timeout, what=message.get("op", "request"), fd=fd)
-        if not isinstance(reply, dict) or "ok" not in reply:
+        if not isinstance(reply, dict) or "ok" not in reply or reply.get("id") != message["id"]:
             self.kill()
             raise ServerDied(f"the AppWorld {self.script} worker sent a malformed reply; killed it")
         if not reply["ok"]:
-            raise ServerError(str(reply.get("error")))
+            raise ServerError(bounded(reply.get("error")))
         return reply.get("output")
 
     def _exchange(self, message: dict[str, Any] | None, timeout: float, what: str, fd: int | None = None) -> Any:
@@ -243,13 +263,15 @@ class AppWorldServer:
             if (self.data_dir / shared).is_dir():
                 (self._view / shared).mkdir()
                 cell_binds.append((self.data_dir / shared, f"{APPWORLD_ROOT}/data/{shared}"))
-        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root, self.limits.total_memory_mb)
+        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root, self.limits.total_memory_mb,
+                              filter_per_process=True)
         self._grader = _Worker(
             "grader.py", launcher, Mounts([(self.data_dir, f"{APPWORLD_ROOT}/data")], experiments_from=self._final),
-            self.root,
+            self.root, self.limits.total_memory_mb,  # a memory bound of its own: it replays model-written SQL
         )
         self._episode: socket.socket | None = None
         self._episode_task: str | None = None
+        self._episode_frozen = False
         self._oom_kills_seen = 0
         _LIVE.add(self)
 
@@ -324,34 +346,41 @@ class AppWorldServer:
         cpu_seconds = max_interactions * (timeout_seconds + 10)
         try:
             self._cells.request(
-                {"op": "begin", "limits": self.limits.rlimits(cpu_seconds)}, timeout=30.0, fd=episode_end.fileno()
+                {"op": "begin", "limits": self.limits.rlimits(cpu_seconds)}, timeout=CONTROL_TIMEOUT_S,
+                fd=episode_end.fileno(),
             )
         except BaseException:
             host_end.close()
             raise
         finally:
             episode_end.close()
-        self._episode, self._episode_task = host_end, task_id
+        self._episode, self._episode_task, self._episode_frozen = host_end, task_id, False
         self._oom_kills_seen = self._cells.oom_kills()
         self.episodes += 1
         request = {"op": "initialize", "task_id": task_id, "timeout_seconds": timeout_seconds,
                    "max_interactions": max_interactions}
-        return self._episode_request(request, timeout)
+        summary = self._episode_request(request, timeout)
+        if not (isinstance(summary, dict) and isinstance(summary.get("supervisor"), dict)):
+            self._end_failed_episode()
+            raise ServerDied("the episode's process sent a malformed task summary; killed it")
+        # No model code has run in this episode yet; bounded all the same.
+        return {
+            "instruction": bounded(summary.get("instruction"), 20_000),
+            "datetime": bounded(summary.get("datetime"), 100),
+            "supervisor": {key: bounded(summary["supervisor"].get(key), 200)
+                           for key in ("first_name", "last_name", "email", "phone_number")},
+        }
 
     def execute(self, code: str, timeout: float, max_chars: int = 1_000_000) -> str:
+        """Run a cell; its output, at most `max_chars` characters of valid Unicode."""
         try:
-            output = str(self._episode_request({"op": "execute", "code": code, "max_chars": max_chars}, timeout))
+            output = self._episode_request({"op": "execute", "code": code, "max_chars": max_chars}, timeout)
         except ServerError as error:
-            self._after_cell()
             raise ServerError(f"{error}{self._oom_note()}") from error
-        self._after_cell()
-        return output + self._oom_note()
-
-    def _after_cell(self) -> None:
-        """The episode lives on; what its cell started does not. Its process already kills
-        that, but a cell can patch its own process: the warm parent, where no model code ran,
-        sweeps the sandbox too."""
-        self._cells.request({"op": "sweep"}, timeout=10.0)
+        if not isinstance(output, str):
+            self._end_failed_episode()
+            raise ServerDied(f"the episode's process answered a cell with a {type(output).__name__}; killed it")
+        return bounded(output, max_chars) + self._oom_note()
 
     def _oom_note(self) -> str:
         kills = self._cells.oom_kills()
@@ -362,7 +391,9 @@ class AppWorldServer:
                 f"may hold at most {self.limits.total_memory_mb} MiB]")
 
     def task_completed(self, timeout: float = 60.0) -> bool:
-        return bool(self._episode_request({"op": "task_completed"}, timeout))
+        """Whether the episode's process says its task is completed: a claim, for ending the
+        episode; only the grader's report (`grade`) says what the final state holds."""
+        return self._episode_request({"op": "task_completed"}, timeout) is True
 
     def close_episode(self, collect: bool) -> dict[str, str] | None:
         """End the episode: its process and everything it started are killed. With `collect`,
@@ -373,11 +404,20 @@ class AppWorldServer:
         self._drop_episode()
         # The warm parent only kills, reads files and empties the scratch: a parent that takes
         # longer was stopped by the episode, and the step must end within its deadline.
-        output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=10.0)
+        output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=CONTROL_TIMEOUT_S)
         return output["state"] if collect else None
 
+    def episode_state(self) -> dict[str, str]:
+        """The open episode's saved state (DB change files by name), its process left as it is:
+        stopped between requests, so the files do not change while they are read."""
+        if self._episode is None:
+            raise ServerError("no episode is open")
+        output = self._cells.request({"op": "state", "task_id": self._episode_task}, timeout=CONTROL_TIMEOUT_S)
+        return output["state"]
+
     def grade(self, task_id: str, state: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
-        """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth."""
+        """AppWorld's evaluation of `state` (from `close_episode`) against the task's ground truth,
+        plus "completed": whether the final state holds a completed task."""
         tasks = self._final / "outputs" / EXPERIMENT / "tasks"
         shutil.rmtree(tasks, ignore_errors=True)
         dbs = tasks / task_id / "dbs"
@@ -391,8 +431,18 @@ class AppWorldServer:
         )
 
     def _episode_request(self, message: dict[str, Any], timeout: float) -> Any:
+        """One request to the episode's process, which runs only while it is answered: the
+        warm parent thaws it first and, once the reply is in, kills what the request started
+        and stops it again (a cell can patch its own process, so the parent, where no model
+        code runs, does this). The reply must carry the request's id: model code can write
+        to this socket, and a reply to no request (forged, or the real one after a forged
+        one) ends the episode rather than shifting every later reply by one."""
         if self._episode is None:
             raise ServerError("no episode is open")
+        if self._episode_frozen:
+            self._cells.request({"op": "thaw"}, timeout=CONTROL_TIMEOUT_S)
+            self._episode_frozen = False
+        message = {**message, "id": secrets.token_hex(8)}
         try:
             self._episode.settimeout(timeout)
             wire.send(self._episode, message)
@@ -415,8 +465,14 @@ class AppWorldServer:
         if not (isinstance(reply, dict) and "ok" in reply):
             self._end_failed_episode()
             raise ServerDied("the episode's process sent a malformed reply; killed it")
+        if reply.get("id") != message["id"]:
+            self._end_failed_episode()
+            raise ServerDied("the episode's process sent a reply to no request of this step (forged or stale); "
+                             "killed it")
+        self._cells.request({"op": "sweep"}, timeout=CONTROL_TIMEOUT_S)
+        self._episode_frozen = True
         if not reply["ok"]:
-            raise ServerError(str(reply.get("error")))
+            raise ServerError(bounded(reply.get("error")))
         return reply.get("output")
 
     def _end_failed_episode(self) -> str:
@@ -424,14 +480,15 @@ class AppWorldServer:
         task_id = self._episode_task
         self._drop_episode()
         try:
-            return self._cells.request({"op": "end", "task_id": task_id, "collect": False}, timeout=10.0)["ended"]
+            return self._cells.request({"op": "end", "task_id": task_id, "collect": False},
+                                       timeout=CONTROL_TIMEOUT_S)["ended"]
         except (ServerDied, ServerTimeout, ServerError) as error:
             return f"and the cell worker failed too: {error}"
 
     def _drop_episode(self) -> None:
         if self._episode is not None:
             self._episode.close()
-        self._episode, self._episode_task = None, None
+        self._episode, self._episode_task, self._episode_frozen = None, None, False
 
     def _show_task(self, task_id: str) -> None:
         """Put the task's public files, and nothing else of it, where the episode will look."""

@@ -7,6 +7,13 @@ cache only grows), and lets MathAPI set decimal's and mpmath's precision for the
 - `EpisodeBackend` holds one episode's backend instances (GorillaFileSystem, TwitterAPI, ...),
   set up as BFCL sets them up, and dispatches validated `Call`s to their public methods
   itself: no `eval`, no module-global instance cache. Dropping the object frees the state.
+- GorillaFileSystem's `cp` copies a folder shallowly (the copy shares the original's
+  entries) and `mv` can share a folder's entries too, so a few calls per level double a shared
+  tree: 30 levels hold 2^30 entries to every call that walks it (`du`, `find`) and to the
+  checker's comparisons. Here a file system may hold at most `FILE_SYSTEM_BOUNDS` more entries
+  and bytes than its scenario, counting a shared entry once per place it appears: a `cp` or
+  `mv` that would pass the bound (or make a folder contain itself) is undone and reported, and
+  the response's later calls do not run. A call that did not run is not replayed by the checker.
 - `check_episode` runs BFCL's official `multi_turn_checker` on the call strings rebuilt from
   the validated calls (literals only), under a model name unique to the check, and then
   removes the instances the checker cached in BFCL's module globals, so nothing grows
@@ -31,6 +38,7 @@ from typing import Any, Iterator
 
 from seeupo_gym.bfcl.calls import ActionError, Call
 from seeupo_gym.bfcl.data import Entry
+from seeupo_gym.text import valid_unicode
 
 _BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _BACKEND_MODULES: dict[str, str] = {
@@ -57,16 +65,64 @@ ARGUMENT_BOUNDS: dict[tuple[str, str], float] = {
 }
 
 
+# Entries (files and folders) and bytes of file content a GorillaFileSystem may hold beyond its
+# scenario's own, each shared entry counted wherever it appears. At the bound a `du` or `find`
+# walks 20,000 entries (milliseconds) and the checker compares as many.
+FILE_SYSTEM_BOUNDS = (20_000, 8 * 2**20)
+_SHARING_CALLS = frozenset({"cp", "mv"})  # the calls that can make a folder share entries
+
+
+class FileSystemBoundError(ActionError):
+    """A call would take a file system past its bounds; it was undone."""
+
+
+def file_system_size(root: Any) -> tuple[int, int]:
+    """(entries, bytes of file content) under `root`, a shared entry counted each place it
+    appears: what a walk of the tree visits. Raises FileSystemBoundError on a folder that
+    contains itself. Each distinct folder is measured once, so this costs the distinct
+    entries, not the (possibly exponential) entries it counts."""
+    sizes: dict[int, tuple[int, int]] = {}
+    open_folders: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        contents = getattr(node, "contents", None)
+        if not isinstance(contents, dict):  # a file
+            sizes[key] = (1, len(str(getattr(node, "content", ""))))
+            continue
+        if children_done:
+            open_folders.discard(key)
+            entries, size = 1, 0
+            for child in contents.values():
+                child_entries, child_size = sizes[id(child)]
+                entries, size = entries + child_entries, size + child_size
+            sizes[key] = (entries, size)
+            continue
+        if key in open_folders:
+            raise FileSystemBoundError("a folder would contain itself")
+        open_folders.add(key)
+        stack.append((node, True))
+        for child in contents.values():
+            if id(child) in open_folders:
+                raise FileSystemBoundError("a folder would contain itself")
+            stack.append((child, False))
+    return sizes[id(root)]
+
+
 def format_result(value: Any) -> str:
-    """A call's return value as BFCL's executor reports it to the model."""
+    """A call's return value as BFCL's executor reports it to the model (valid Unicode: a
+    string the call built may hold lone surrogates, written then as escapes)."""
     if type(value) is str:
-        return value
+        return valid_unicode(value)
     if type(value) is dict:
         try:
-            return json.dumps(value)
+            return json.dumps(value)  # ASCII: surrogates come out as escapes
         except (TypeError, ValueError):
-            return str(value)
-    return str(value)
+            return valid_unicode(str(value))
+    return valid_unicode(str(value))
 
 
 class EpisodeBackend:
@@ -76,6 +132,7 @@ class EpisodeBackend:
         self.entry = entry
         self.instances: dict[str, Any] = {}
         self._methods: dict[str, Any] = {}
+        self.stop_reason = ""  # why `execute_within` left calls out ("" when all ran)
         for class_name in entry.involved_classes:
             module = importlib.import_module(f"{_BACKEND_PACKAGE}.{_BACKEND_MODULES[class_name]}")
             instance = getattr(module, class_name)()
@@ -87,6 +144,11 @@ class EpisodeBackend:
             for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
                 if not name.startswith("_"):
                     self._methods[name] = method
+        file_system = self.instances.get("GorillaFileSystem")
+        self._fs_limits: tuple[int, int] | None = None
+        if file_system is not None:
+            entries, size = file_system_size(file_system.root)
+            self._fs_limits = (entries + FILE_SYSTEM_BOUNDS[0], size + FILE_SYSTEM_BOUNDS[1])
 
     @property
     def method_names(self) -> frozenset[str]:
@@ -111,23 +173,54 @@ class EpisodeBackend:
 
     def execute_within(self, calls: tuple[Call, ...], seconds: float) -> list[str]:
         """Run checked calls in order, starting none after `seconds` of wall time: the results of
-        the calls that ran (a prefix). Each call is cheap by the argument bounds; this bounds
-        how many run, so a response of many slow-ish calls cannot hold a step for long."""
+        the calls that ran (a prefix). Each call is cheap by the argument bounds and the file
+        system's bounds; this bounds how many run, so a response of many slow-ish calls cannot
+        hold a step for long. A call that would pass the file system's bounds is undone and
+        ends the prefix; `stop_reason` says why calls were left out ("" when all ran)."""
         deadline = time.monotonic() + seconds
-        results = []
+        results: list[str] = []
+        self.stop_reason = ""
         for call in calls:
             if time.monotonic() >= deadline:
+                self.stop_reason = f"a response's calls must start within {seconds:g} s"
                 break
-            results.append(self.execute(call))
+            try:
+                results.append(self.execute(call))
+            except FileSystemBoundError as error:
+                self.stop_reason = f"{call.name}: {error}; it was undone"
+                break
         return results
 
     def execute(self, call: Call) -> str:
-        """Run one checked call; errors come back as text, as in BFCL's executor."""
+        """Run one checked call; errors come back as text, as in BFCL's executor. Raises
+        FileSystemBoundError (having undone the call) for one past the file system's bounds."""
+        method = self._methods[call.name]
+        file_system = self.instances.get("GorillaFileSystem")
+        guarded = call.name in _SHARING_CALLS and file_system is not None and method.__self__ is file_system
+        before = copy.deepcopy(vars(file_system)) if guarded else None  # keeps sharing; small by the bounds
         with self._math_precision_kept():
             try:
-                return format_result(self._methods[call.name](*call.args, **dict(call.kwargs)))
+                result = format_result(method(*call.args, **dict(call.kwargs)))
             except Exception as error:  # a backend error is an observation, never a crash
-                return f"Error during execution: {error}"
+                result = valid_unicode(f"Error during execution: {error}")
+        if guarded:
+            try:
+                self._check_file_system(file_system)
+            except FileSystemBoundError:
+                vars(file_system).clear()
+                vars(file_system).update(before)
+                raise
+        return result
+
+    def _check_file_system(self, file_system: Any) -> None:
+        assert self._fs_limits is not None
+        entries, size = file_system_size(file_system.root)
+        max_entries, max_bytes = self._fs_limits
+        if entries > max_entries or size > max_bytes:
+            raise FileSystemBoundError(
+                f"the file system would hold {entries} entries and {size} bytes, counting each copy, over its bound "
+                f"of {max_entries} entries and {max_bytes} bytes"
+            )
 
     @contextlib.contextmanager
     def _math_precision_kept(self) -> Iterator[None]:

@@ -149,11 +149,10 @@ class BFCLEnv(gym.Env[str, str]):
             results = backend.execute_within(decoded.calls, self.call_seconds_per_step)
             executed = [call.source for call in decoded.calls[: len(results)]]
             self._calls_per_turn[self._user_turn].append(executed)
-            observation = _results_observation(decoded.calls, results)
+            observation = _results_observation(decoded.calls, results, backend.stop_reason)
             if len(results) < len(decoded.calls):
                 action_error = (
-                    f"{len(decoded.calls) - len(results)} of {len(decoded.calls)} calls did not run: a response's "
-                    f"calls must start within {self.call_seconds_per_step:g} s"
+                    f"{len(decoded.calls) - len(results)} of {len(decoded.calls)} calls did not run: {backend.stop_reason}"
                 )
         elif decoded.kind == "turn_end":
             self._user_turn += 1
@@ -269,11 +268,11 @@ class BFCLEnv(gym.Env[str, str]):
         }
 
 
-def _results_observation(calls: Sequence[Call], results: Sequence[str]) -> str:
-    """Each call with its result; calls past the end of `results` did not run (out of time)."""
+def _results_observation(calls: Sequence[Call], results: Sequence[str], stop_reason: str = "") -> str:
+    """Each call with its result; calls past the end of `results` did not run (`stop_reason`)."""
     lines = ["Results:"]
     for index, call in enumerate(calls, start=1):
-        result = results[index - 1] if index <= len(results) else "not run: this response's calls ran out of time"
+        result = results[index - 1] if index <= len(results) else f"not run: {stop_reason}"
         lines.append(f"[{index}] {call.source} -> {result}")
     return "\n".join(lines)
 

@@ -1,22 +1,26 @@
 """The cell worker: a warm parent that forks one fresh process per episode.
 
-Run by the AppWorld interpreter inside the cell sandbox:  python -P cells.py CONTROL_FD
+Run by the AppWorld interpreter inside the cell sandbox:  python -P cells.py CONTROL_FD [SECCOMP_FD]
 
 The parent imports AppWorld and its apps but opens no world and runs no model code. On
-"begin" (with a socket riding along) it forks a child that opens the task's world, without
-its ground truth, and runs the episode's requests on that socket. On "end" it kills the
-child and everything the child started, hands back the episode's final state (AppWorld's DB
-change files) and empties the scratch folder, so nothing survives into the next episode.
-It exits when the host's end of CONTROL_FD closes.
+"begin" (with a socket riding along) it starts the episode (`Episode`): a process in
+namespaces of its own that opens the task's world, without its ground truth, and runs the
+episode's requests on that socket. Between requests the host has the parent "sweep" (kill
+what the cell started, then stop the episode's process) and "thaw" it again. On "end" it
+kills the episode and everything in its namespaces, hands back the episode's final state
+(AppWorld's DB change files) and empties the scratch folder, so nothing survives into the
+next episode. It exits when the host's end of CONTROL_FD closes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import sys
+import time
 
 import limits
 import wire
@@ -29,83 +33,233 @@ MAX_STATE_BYTES = 48 * 2**20
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
+    # In the sandbox: the seccomp filter, loaded per episode after its namespaces are made.
+    program = _read_all(int(sys.argv[2])) if len(sys.argv) > 2 else None
     limits.make_undumpable()  # episode processes share our uid: they must not ptrace or read us
     limits.reset_scratch()
     limits.warm_up_appworld()
     wire.send(control, {"ready": True, "pid": os.getpid()})
-    child = None
+    episode: Episode | None = None
     while True:
         try:
             request, episode_fd = wire.receive(control, with_fd=True)
         except (wire.WireError, OSError):
-            _stop(child)
+            _stop(episode)
             os._exit(0)
-        op = request.get("op")
-        if op == "begin":
-            _stop(child)
-            child = _fork_episode(control, episode_fd, request)
-            wire.send(control, {"ok": True, "output": {"pid": child}})
-        elif op == "sweep":
-            wire.send(control, {"ok": True, "output": {"killed": _sweep(child)}})
-        elif op == "end":
-            ended = _stop(child)
-            child = None
-            state = _collect_state(request["task_id"]) if request.get("collect") else None
-            limits.reset_scratch()
-            wire.send(control, {"ok": True, "output": {"state": state, "ended": ended}})
-        else:
-            wire.send(control, {"ok": False, "error": f"unknown request {op!r}"})
+        op, reply = request.get("op"), {"ok": True}
+        try:
+            if op == "begin":
+                _stop(episode)
+                episode = None
+                episode = Episode.start(control, episode_fd, request, program)
+                reply["output"] = {"pid": episode.pid}
+            elif op == "thaw":
+                reply["output"] = {"running": episode is not None and episode.thaw()}
+            elif op == "sweep":
+                reply["output"] = {"killed": _sweep(episode)}
+            elif op == "state":
+                reply["output"] = {"state": _collect_state(request["task_id"])}
+            elif op == "end":
+                ended = _stop(episode)
+                episode = None
+                state = _collect_state(request["task_id"]) if request.get("collect") else None
+                limits.reset_scratch()
+                reply["output"] = {"state": state, "ended": ended}
+            else:
+                reply = {"ok": False, "error": f"unknown request {op!r}"}
+        except Exception as error:  # noqa: BLE001  the host reads why; the parent lives on
+            reply = {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
+        reply["id"] = request.get("id")
+        wire.send(control, reply)
 
 
-def _fork_episode(control: socket.socket, episode_fd: int, request: dict) -> int:
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+class Episode:
+    """An episode's two processes: its supervisor, a fork of this parent that runs no model
+    code, and the episode's process, the supervisor's child.
+
+    In the sandbox the supervisor makes a user namespace and a PID namespace, so the
+    episode's process is PID 1 of a namespace of its own: this parent and the supervisor have
+    no PID there (nothing can signal, prlimit, renice, pin, reschedule or trace them by
+    number), and killing it kills everything in that namespace. The episode's process then
+    makes an IPC namespace of its own (SysV shared memory, semaphores and message queues die
+    with it), drops the capabilities the user namespace gave it and loads the seccomp filter
+    (which refuses new namespaces from then on) before any model code runs.
+    """
+
+    def __init__(self, supervisor: int, pid: int, status_fd: int) -> None:
+        self.supervisor, self.pid, self._status_fd = supervisor, pid, status_fd
+        self.frozen = False
+
+    @classmethod
+    def start(cls, control: socket.socket, episode_fd: int, request: dict, program: bytes | None) -> Episode:
+        parent = os.getpid()
+        status_read, status_write = os.pipe()
+        supervisor = os.fork()
+        if supervisor == 0:
+            try:
+                control.close()  # the episode must not be able to talk to the parent
+                os.close(status_read)
+                _supervise(parent, episode_fd, request, program, status_write)
+            finally:
+                os._exit(0)
         os.close(episode_fd)
-        return pid
+        os.close(status_write)
+        line = _read_line(status_read)
+        if not line.isdigit():
+            os.close(status_read)
+            _reap(supervisor)
+            raise RuntimeError(f"the episode did not start: {line or 'its supervisor died'}")
+        os.set_blocking(status_read, False)
+        return cls(supervisor, int(line), status_read)
+
+    def thaw(self) -> bool:
+        self.frozen = False
+        return _signal(self.pid, signal.SIGCONT)
+
+    def freeze(self) -> None:
+        """Stop the episode's process (all its threads) until the host's next request: nothing
+        of the episode runs while the policy thinks (threads, timers, signal handlers)."""
+        if _signal(self.pid, signal.SIGSTOP):
+            self.frozen = True
+            _wait_until_stopped(self.pid)
+
+    def ended(self) -> str:
+        """How the episode's process ended by itself ("" if it is still running)."""
+        try:
+            text = os.read(self._status_fd, 64).decode()
+        except (BlockingIOError, OSError):
+            return ""
+        return _describe(int(text)) if text.strip().lstrip("-").isdigit() else ""
+
+    def kill(self) -> str:
+        ended = self.ended()
+        for target in (-self.pid, self.pid, self.supervisor):  # the namespace dies with its PID 1
+            _signal(target, signal.SIGKILL)
+        _reap(self.supervisor)
+        os.close(self._status_fd)
+        return ended
+
+
+def _supervise(parent: int, episode_fd: int, request: dict, program: bytes | None, status_fd: int) -> None:
+    """The supervisor: make the namespaces, start the episode's process, report its pid and,
+    once it has ended, its wait status."""
     try:
-        control.close()  # the episode must not be able to talk to the parent
-        os.setsid()  # its own process group: `_stop` kills all of it
+        os.setsid()  # its own session and process group: `_stop` kills all of it
         limits.die_with_parent(parent)
+        if program is not None:
+            limits.new_user_and_pid_namespace()
+        alive_read, alive_write = os.pipe()  # EOF at the episode's end when the supervisor is gone
+        pid = os.fork()
+    except Exception as error:  # noqa: BLE001  reported to the parent, which tells the host
+        os.write(status_fd, f"{type(error).__name__}: {error}\n".encode())
+        return
+    if pid == 0:
+        os.close(status_fd)
+        os.close(alive_write)
+        _run_episode(episode_fd, request, program, alive_read)
+        return
+    os.close(episode_fd)
+    os.close(alive_read)
+    os.write(status_fd, f"{pid}\n".encode())
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            status = 0
+            break
+    os.write(status_fd, str(status).encode())
+
+
+def _run_episode(episode_fd: int, request: dict, program: bytes | None, alive_fd: int) -> None:
+    try:
+        limits.die_with_parent(None)
+        if select.select([alive_fd], [], [], 0)[0]:
+            return  # the supervisor died before the prctl
+        if program is not None:
+            limits.new_ipc_namespace()
+        os.setsid()
         limits.volunteer_for_oom_kill()
         limits.apply(request["limits"])
+        if program is not None:
+            limits.drop_capabilities()
+            limits.load_seccomp(program)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # cells may write to raw fds; the host only reads replies
             os.dup2(null, fd)
-        import episode
+    except Exception:  # noqa: BLE001  no episode then: the host sees its socket close
+        return
+    import episode
 
-        episode.serve(socket.socket(fileno=episode_fd))
-    finally:
-        os._exit(0)
+    episode.serve(socket.socket(fileno=episode_fd))
 
 
-def _sweep(child: int | None) -> int:
-    """Kill what the episode's cells started and leave the episode's process running. The host
-    asks after every cell: the episode cleans up after its cells itself, but a cell can patch
-    that code; this runs where no model code has run."""
-    if child is None:
+def _read_line(fd: int) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _signal(pid: int, number: int) -> bool:
+    try:
+        os.kill(pid, number)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_until_stopped(pid: int, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat_file:
+                state = stat_file.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in (b"T", b"t", b"Z", b"X"):
+            return
+        time.sleep(0.0005)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _sweep(episode: Episode | None) -> int:
+    """Kill what the episode's cells started, leave the episode's process, and freeze it until
+    the next request. The host asks after every request: the episode cleans up after its cells
+    itself, but a cell can patch that code; this runs where no model code has run."""
+    if episode is None:
         return 0
     if limits.in_own_pid_namespace():
-        return limits.kill_all_but({os.getpid(), child})
-    return limits.kill(limits.descendants(child))  # unsandboxed: no namespace to sweep; the tree only
+        killed = limits.kill_all_but({os.getpid(), episode.supervisor, episode.pid})
+    else:
+        killed = limits.kill(limits.descendants(episode.pid))  # unsandboxed: the tree only
+    episode.freeze()
+    return killed
 
 
-def _stop(child: int | None) -> str:
-    """Kill the episode's process and everything it started, and reap them. Returns how the
-    episode's process had ended by itself ("" if it was still running)."""
-    ended = ""
-    if child is not None:
-        try:
-            pid, status = os.waitpid(child, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = 0, 0
-        if pid:
-            ended = _describe(status)
-        for target in (-child, child):
-            try:
-                os.kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def _stop(episode: Episode | None) -> str:
+    """Kill the episode's processes and everything they started, and reap them. Returns how
+    the episode's process had ended by itself ("" if it was still running)."""
+    ended = episode.kill() if episode is not None else ""
     if limits.in_own_pid_namespace():
         # Every process of ours but this one (double forks, new sessions included); only
         # inside the sandbox's PID namespace, where that means the episode's leftovers.

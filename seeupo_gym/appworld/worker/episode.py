@@ -44,6 +44,7 @@ def serve(sock: socket.socket) -> None:
         # Processes a cell started end with it: none burns CPU or holds memory while the
         # policy thinks, and none can act between steps.
         limits.kill_descendants()
+        reply["id"] = request.get("id")  # the host checks it: a reply to another request is a forgery
         wire.send(sock, reply)
 
 

@@ -16,6 +16,11 @@ import stat
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x08000000, 0x10000000, 0x20000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # name in the host's limits message -> (rlimit, multiplier to the rlimit's unit)
@@ -25,6 +30,10 @@ RLIMITS = {
     "processes": (resource.RLIMIT_NPROC, 1),
     "open_files": (resource.RLIMIT_NOFILE, 1),
     "file_size_mb": (resource.RLIMIT_FSIZE, 2**20),
+    # Queued signals count against the user that made the sandbox's user namespace too (root):
+    # bounded here so one sandbox cannot use up the host's signal queue.
+    "pending_signals": (resource.RLIMIT_SIGPENDING, 1),
+    "locked_mb": (resource.RLIMIT_MEMLOCK, 2**20),
 }
 
 
@@ -39,11 +48,13 @@ def apply(limits: dict) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails (EFBIG) instead of killing
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent exits, whatever it is running at the time."""
+def die_with_parent(parent_pid: int | None) -> None:
+    """SIGKILL this process when its parent exits, whatever it is running at the time. With
+    `parent_pid`, exit at once if the parent is already gone (a parent in another PID
+    namespace has no pid here: the caller checks)."""
     if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
+    if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)  # the parent died before the prctl
 
 
@@ -51,11 +62,14 @@ def volunteer_for_oom_kill() -> None:
     """Be the OOM killer's first choice in the sandbox's memory cgroup (children inherit it):
     an episode over the sandbox's memory limit ends, the warm parent stays. Raising one's own
     score needs no privilege."""
+    _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # else /proc/self belongs to root, not to us
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")
     except OSError:
         pass  # no /proc/self/oom_score_adj (not Linux, or /proc hidden): the limit still holds
+    finally:
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def adopt_orphans() -> None:
@@ -94,20 +108,38 @@ def kill(pids: list[int]) -> int:
 
 def kill_descendants() -> int:
     """SIGKILL and reap every process this one started (directly or, as subreaper, not);
-    returns how many. Reads the sandbox's own /proc; repeats until no child is left, since a
-    killed child's children are reparented here."""
-    me, killed = os.getpid(), 0
+    returns how many. Reads /proc, which numbers processes as the sandbox's PID namespace
+    does, while an episode's process has a namespace of its own: children are found by
+    /proc's numbers and signalled by their numbers here. Repeats until no child is left,
+    since a killed child's children are reparented here."""
+    me, killed = int(os.readlink("/proc/self")), 0
+    depth = len(_namespace_pids("self")) - 1
     while True:
         children = [pid for pid, parent, _ in processes() if parent == me]
         if not children:
             break
-        killed += kill(children)
-        for pid in children:
+        local = [pids[depth] for pid in children if len(pids := _namespace_pids(str(pid))) > depth]
+        if not local:
+            break  # gone meanwhile, or outside our namespace: nothing of ours to kill
+        killed += kill(local)
+        for pid in local:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
     return killed
+
+
+def _namespace_pids(pid: str) -> list[int]:
+    """A process's pid in each PID namespace it is in, outermost first ([] once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return [int(number) for number in line.split()[1:]]
+    except OSError:
+        pass
+    return []
 
 
 def kill_all_but(keep: set[int], rounds: int = 50) -> int:
@@ -134,6 +166,59 @@ def descendants(root: int) -> list[int]:
         found.append(pid)
         stack.extend(children.get(pid, ()))
     return found
+
+
+def new_user_and_pid_namespace() -> None:
+    """Move into a new user namespace (as the same uid and gid, mapped to themselves) whose
+    next child is PID 1 of a new PID namespace. Needs no privilege: the sandbox allows nested
+    user namespaces until the episode's seccomp filter refuses them."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWPID), "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
+    _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # else /proc/self belongs to root, not to us
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+    finally:
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def new_ipc_namespace() -> None:
+    """SysV IPC objects and POSIX message queues of this process's own (gone when it is)."""
+    _check(_libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+
+
+def drop_capabilities() -> None:
+    """Give up the capabilities a new user namespace grants inside it (bounding set, ambient,
+    effective, permitted, inheritable)."""
+    with open("/proc/sys/kernel/cap_last_cap") as file:
+        last = int(file.read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # two of (effective, permitted, inheritable): all empty
+    _check(_libc.capset(header, data), "capset")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program: bytes) -> None:
+    """Load a seccomp filter (classic BPF, as libseccomp exports it) on this process and all it
+    will start; no_new_privs is set by the sandbox, so no privilege is needed."""
+    if not program or len(program) % 8:
+        raise ValueError(f"a seccomp program is a whole number of 8-byte instructions, got {len(program)} bytes")
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{what} failed: {os.strerror(number)}")
 
 
 def make_undumpable() -> None:

@@ -1,0 +1,429 @@
+"""Red team, second round: what one AppWorld episode can leave for the next, do to the warm
+parent that forks it, reach through the kernel, or tell the host over its socket.
+
+Real sandbox, real AppWorld. Cells reach the OS past both Python guards (`random._os`, the
+`posix` module, ctypes), as an attacker would; the assertions are about the kernel's walls
+and the host's handling of what comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import psutil
+import pytest
+
+import seeupo_gym  # noqa: F401  (registers the ids)
+from conftest import appworld_mini
+from seeupo_gym.appworld import find_python, render_action
+from seeupo_gym.appworld.server import AppWorldServer, ServerError, ServerPool
+
+pytestmark = pytest.mark.appworld
+
+MINI, MINI_TASKS = appworld_mini()
+PRELUDE = """\
+import random, typing
+P = random._os.sys.modules['posix']
+C = typing.sys.modules['ctypes']
+libc = C.CDLL(None, use_errno=True)
+"""
+IDLE_CPU_S = 0.25  # CPU-seconds the whole server may use over the 5 s between two steps
+
+
+def solution(task_id: str) -> str:
+    return (MINI / "tasks" / task_id / "ground_truth" / "solution.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def server():
+    own = AppWorldServer(find_python(), MINI)
+    own.start()
+    own.wait_ready()
+    yield own
+    own.shutdown()
+
+
+def run(server: AppWorldServer, code: str, task_id: str = "mininote_1", fresh: bool = False) -> str:
+    if fresh:
+        server.close_episode(collect=False)
+    if not server.episode_active:
+        server.open_episode(task_id, timeout_seconds=10, max_interactions=50)
+    return server.execute(PRELUDE + textwrap.dedent(code), timeout=40)
+
+
+def warm_parent(server: AppWorldServer) -> psutil.Process:
+    """The cell sandbox's warm parent, seen from the host: the python process whose parent is
+    bwrap's init inside the sandbox."""
+    for process in psutil.Process(server.pid).children(recursive=True):
+        if (process.name().startswith("python") and "cells.py" in " ".join(process.cmdline())
+                and process.parent().name() == "bwrap"):
+            return process
+    raise AssertionError("no warm parent found")
+
+
+def server_cpu_seconds(server: AppWorldServer) -> float:
+    total = 0.0
+    for process in [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+# ---------------------------------------------------------------------------- IPC
+
+
+def test_sysv_ipc_objects_do_not_survive_the_episode(server):
+    plant = """
+        IPC_CREAT = 0o1000
+        shm = libc.shmget(0x5EE0, 1 << 20, IPC_CREAT | 0o666)
+        address = libc.shmat(shm, None, 0) if shm >= 0 else -1
+        libc.shmat.restype = C.c_void_p
+        msq = libc.msgget(0x5EE1, IPC_CREAT | 0o666)
+        sem = libc.semget(0x5EE2, 1, IPC_CREAT | 0o666)
+        print(shm >= 0, msq >= 0, sem >= 0)
+    """
+    assert run(server, plant, fresh=True).split() == ["True", "True", "True"]
+    probe = """
+        print(libc.shmget(0x5EE0, 0, 0), libc.msgget(0x5EE1, 0), libc.semget(0x5EE2, 0, 0))
+        for kind in ('shm', 'msg', 'sem'):
+            print(kind, len(P.read(P.open('/proc/sysvipc/' + kind, P.O_RDONLY), 1 << 20).splitlines()) - 1)
+    """
+    found = run(server, probe, task_id="minitodo_1", fresh=True).splitlines()
+    assert found[0] == "-1 -1 -1", found  # ENOENT: the keys are gone
+    assert found[1:] == ["shm 0", "msg 0", "sem 0"], found
+
+
+def test_posix_shared_memory_and_message_queues_are_unavailable(server):
+    output = run(server, """
+        for path in ('/dev/shm/seeupo', '/dev/mqueue'):
+            try:
+                P.open(path, P.O_RDWR | P.O_CREAT)
+                print('created', path)
+            except OSError as error:
+                print('refused', error.errno)
+        print('mq_open', libc.mq_open(b'/seeupo', 0o102, 0o600, None) if hasattr(libc, 'mq_open') else -1)
+    """, fresh=True)
+    assert "created" not in output and output.count("refused") == 2, output
+    assert "mq_open -1" in output
+
+
+# ---------------------------------------------------------------------------- the warm parent
+
+
+def parent_state(process: psutil.Process) -> dict:
+    return {
+        "nofile": process.rlimit(psutil.RLIMIT_NOFILE),
+        "nproc": process.rlimit(psutil.RLIMIT_NPROC),
+        "stack": process.rlimit(psutil.RLIMIT_STACK),
+        "nice": process.nice(),
+        "affinity": process.cpu_affinity(),
+        "scheduler": os.sched_getscheduler(process.pid),
+        "oom_score_adj": Path(f"/proc/{process.pid}/oom_score_adj").read_text().strip(),
+        "stopped": process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE),
+    }
+
+
+def test_the_warm_parent_is_out_of_reach(server):
+    server.close_episode(collect=False)
+    server.open_episode("mininote_1", timeout_seconds=10, max_interactions=50)
+    parent = warm_parent(server)
+    before = parent_state(parent)
+    # Every pid the episode can name or see in /proc, its parent's first: each hostile call.
+    output = run(server, """
+        libc.prlimit.argtypes = [C.c_int, C.c_int, C.c_void_p, C.c_void_p]
+        low = (C.c_ulong * 2)(16, 16)
+        def own_pid(path):  # this process's or thread's number here (/proc numbers them otherwise)
+            status = P.read(P.open(path + '/status', P.O_RDONLY), 65536).decode()
+            return int([l for l in status.splitlines() if l.startswith('NSpid')][0].split()[-1])
+        mine = {own_pid('/proc/self/task/' + t) for t in P.listdir('/proc/self/task')} | {P.getpid()}
+        seen = {P.getppid(), 1, 2, 3} | {int(p) for p in P.listdir('/proc') if p.isdigit()}
+        done = []
+        for pid in sorted(seen - mine - {0}):
+            for what, call in (
+                ('prlimit', lambda: libc.prlimit(pid, 7, low, None) == 0 and libc.prlimit(pid, 6, low, None) == 0
+                 and libc.prlimit(pid, 3, low, None) == 0),
+                ('renice', lambda: libc.setpriority(0, pid, 19) == 0),
+                ('affinity', lambda: P.sched_setaffinity(pid, {0}) or True),
+                ('idle', lambda: P.sched_setscheduler(pid, 5, P.sched_param(0)) or True),
+                ('oom', lambda: P.write(P.open(f'/proc/{pid}/oom_score_adj', P.O_WRONLY), b'1000') > 0),
+                ('ptrace', lambda: libc.ptrace(16, pid, None, None) == 0),
+                ('stop', lambda: P.kill(pid, 19) or True),
+            ):
+                try:
+                    if call():
+                        done.append(f'{what}:{pid}')
+                except OSError:
+                    pass
+        libc.setpriority(2, P.getuid(), 19)  # PRIO_USER: every process of this uid it can see
+        print(' '.join(done) or 'nothing')
+    """)
+    after = parent_state(parent)
+    assert after == before, f"the episode changed its warm parent ({output}): {before} -> {after}"
+    # Only the episode itself was in reach; its next episode starts as it should.
+    server.close_episode(collect=False)
+    fresh = run(server, "print(P.nice(0), sorted(P.sched_getaffinity(0)) == sorted(range(P.cpu_count())))")
+    assert fresh.split() == ["0", "True"], fresh
+
+
+def test_the_episode_is_stopped_between_steps(server):
+    """Threads, interval timers and forks a cell leaves burn no CPU while the policy thinks."""
+    run(server, """
+        import threading
+        def spin():
+            while True:
+                pass
+        threading.Thread(target=spin, daemon=True).start()
+        signal = typing.sys.modules['signal']
+        def busy(*_):
+            end = typing.sys.modules['time'].monotonic() + 0.05
+            while typing.sys.modules['time'].monotonic() < end:
+                pass
+        signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+        signal.signal(signal.SIGALRM, busy)
+        if P.fork() == 0:
+            P.setsid()
+            while True:
+                pass
+        print('planted')
+    """, fresh=True)
+    before = server_cpu_seconds(server)
+    time.sleep(5.0)
+    used = server_cpu_seconds(server) - before
+    assert used < IDLE_CPU_S, f"the server used {used:.2f} CPU-s in the 5 s between two steps"
+    # Thawed for the next request, it answers it.
+    assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
+
+
+# ---------------------------------------------------------------------------- the kernel
+
+
+def test_sockets_of_every_family_but_unix_are_refused(server):
+    # Creation only: never bind or connect a vsock port (the virtual machine's host channel).
+    output = run(server, """
+        S = typing.sys.modules['socket']
+        families = {'vsock': 40, 'netlink': 16, 'packet': 17, 'alg': 38, 'bluetooth': 31, 'inet': 2, 'inet6': 10,
+                    'key': 15, 'rds': 21, 'tipc': 30, 'xdp': 44, 'can': 29, 'qipcrtr': 42}
+        for name, family in families.items():
+            for kind in (S.SOCK_STREAM, S.SOCK_DGRAM, S.SOCK_RAW, S.SOCK_SEQPACKET):
+                fd = libc.socket(family, kind, 0)
+                if fd >= 0:
+                    P.close(fd)
+                    print('created', name, kind)
+        fd = libc.syscall(41, (1 << 32) | 40, 1, 0)  # socket(2), family with high bits set
+        if fd >= 0:
+            P.close(fd)
+            print('created vsock-high-bits')
+        a, b = S.socketpair()
+        print('unix ok')
+    """, fresh=True)
+    assert output.strip() == "unix ok", output
+
+
+def test_kernel_budgets_shared_with_the_host_cannot_be_used_up(server):
+    output = run(server, """
+        signal = typing.sys.modules['signal']
+        fcntl = typing.sys.modules['fcntl']
+        made = 0
+        for _ in range(200):
+            fd = libc.inotify_init1(0)
+            if fd < 0:
+                break
+            made += 1
+        print('inotify', made)
+        r, w = P.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)
+            print('pipe-resized')
+        except OSError:
+            print('pipe-fixed')
+        try:
+            P.openpty()
+            print('pty')
+        except OSError:
+            print('no-pty')
+        signal.signal(signal.SIGRTMIN, lambda *_: None)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+        queued = 0
+        for _ in range(5000):
+            try:
+                signal.pthread_kill(typing.sys.modules['threading'].main_thread().ident, signal.SIGRTMIN)
+            except OSError:
+                break
+            queued += 1
+        print('rt-signals', queued if queued < 5000 else 'unbounded')
+        limits = P.read(P.open('/proc/self/limits', P.O_RDONLY), 65536).decode().splitlines()
+        print('sigpending-limit', [l for l in limits if 'pending' in l][0].split()[3])
+    """, fresh=True)
+    lines = dict((line.split(" ", 1) + [""])[:2] for line in output.strip().splitlines())
+    assert lines["inotify"] == "0", output
+    assert "pipe-fixed" in output and "no-pty" in output, output
+    assert int(lines["sigpending-limit"]) <= 1024, output
+    assert lines["rt-signals"] != "unbounded", output
+
+
+def test_each_sandbox_is_a_host_user_of_its_own(server):
+    other = AppWorldServer(find_python(), MINI)
+    try:
+        other.start()
+        other.wait_ready()
+        uids = {warm_parent(one).uids().real for one in (server, other)}
+    finally:
+        other.shutdown()
+    assert len(uids) == 2 and not uids & {0, 65534, os.getuid()}, uids
+
+
+# ---------------------------------------------------------------------------- the grader
+
+COLLATERAL = ["assert no model other than simple_note.Note changed."]
+
+
+@pytest.fixture(scope="module")
+def honest_state(server) -> dict[str, str]:
+    """The change files of mininote_2 solved by its ground truth: scores 1.0."""
+    server.close_episode(collect=False)
+    server.open_episode("mininote_2", timeout_seconds=10, max_interactions=50)
+    server.execute(solution("mininote_2"), timeout=40)
+    state = server.close_episode(collect=True)
+    assert server.grade("mininote_2", state)["success"]
+    return state
+
+
+def with_change(state: dict[str, str], app: str, statement: str) -> dict[str, str]:
+    """`state` with one raw statement appended to an app's change file, as model code can."""
+    return {**state, f"{app}.jsonl": state.get(f"{app}.jsonl", "") + json.dumps([statement, [], False]) + "\n"}
+
+
+@pytest.mark.parametrize("statement", [
+    "DELETE FROM main.alarms",  # schema-qualified
+    'DELETE FROM "main"."alarms" WHERE id = 1',
+    "UPDATE alarms SET label = 'moved' WHERE id = 1",  # a raw update keeps the row's record hash
+    "UPDATE alarms SET label = 'moved', record_hash = 'P3GemumZyCA=' WHERE id = 1",  # or restores it
+])
+def test_side_effects_the_episode_writes_itself_are_seen_by_the_grader(server, honest_state, statement):
+    report = server.grade("mininote_2", with_change(honest_state, "phone", statement))
+    assert [f["requirement"] for f in report["failures"]] == COLLATERAL, report
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE loot (x)",
+    "DROP TABLE alarms",
+    "UPDATE alarms SET label = randomblob(300000000) || randomblob(300000000) WHERE id = 1",
+    "ATTACH DATABASE '/scratch/x.db' AS x",
+    "INSERT INTO alarms (time) SELECT time FROM alarms",
+])
+def test_the_grader_replays_nothing_but_data_changes_of_the_apps_own_tables(server, honest_state, statement):
+    with pytest.raises(ServerError, match="not a data change|does not replay"):
+        server.grade("mininote_2", with_change(honest_state, "phone", statement))
+
+
+# ---------------------------------------------------------------------------- the wire
+
+# The episode's socket and the request being answered, from the frame of `episode.serve`.
+FIND_SOCKET = """
+W = typing.sys.modules['wire']
+def frames():
+    for f in typing.sys._current_frames().values():  # the cell may run in a thread of its own
+        while f is not None:
+            yield f
+            f = f.f_back
+f = next(f for f in frames() if isinstance(f.f_locals.get('request'), dict) and 'sock' in f.f_locals)
+sock, request = f.f_locals['sock'], f.f_locals['request']
+"""
+
+
+@pytest.fixture(scope="module")
+def env():
+    patch = pytest.MonkeyPatch()
+    patch.setattr("seeupo_gym.appworld.env.refusal", lambda code: None)
+    made = gym.make("seeupo/AppWorld-v0", split="mini", max_turns=10, timeout_seconds=6, response_grace_s=4,
+                    max_output_chars=20_000)
+    yield made
+    made.close()
+    patch.undo()
+
+
+def forge(env: gym.Env, reply: str, task_id: str = "mininote_1") -> tuple[str, float, bool, dict]:
+    env.reset(options={"task_id": task_id})
+    code = PRELUDE + FIND_SOCKET + f"W.send(sock, {reply})\nprint('real output')"
+    observation, reward, terminated, truncated, info = env.step(render_action(code))
+    return observation, reward, terminated, info
+
+
+def assert_well_formed(observation: str, info: dict) -> None:
+    for text in (observation, info["action_error"], info["termination_reason"]):
+        assert len(text) <= 25_000, len(text)
+        text.encode("utf-8")  # no lone surrogates
+
+
+@pytest.mark.parametrize("reply", [
+    "{'ok': False, 'error': 'x' * 1_600_000 + chr(0xD800)}",  # an over-long error, a lone surrogate
+    "{'ok': True, 'output': 'forged ' + chr(0xDC80) * 10}",  # a reply to no request
+    "{'ok': True, 'output': True}",  # a reply to a task_completed request not yet sent
+])
+def test_a_forged_reply_ends_the_episode_as_an_error_never_shifting_later_replies(env, reply):
+    observation, reward, terminated, info = forge(env, reply)
+    assert terminated and reward == 0.0
+    assert "forged or stale" in info["termination_reason"], info["termination_reason"]
+    assert_well_formed(observation, info)
+    # The next episode is in phase: each reply answers its own request.
+    env.reset(options={"task_id": "mininote_1"})
+    for word in ("first", "second"):
+        observation, *_ = env.step(render_action(f"print('{word}')"))
+        assert observation.strip() == word
+
+
+def test_a_forged_reply_carrying_the_requests_own_id_is_only_that_steps_output(env):
+    # Model code can read the request (frames); its forgery then stands for this step's
+    # output, which it controls anyway. The real reply that follows answers nothing: the next
+    # request ends the episode instead of reading it.
+    env.reset(options={"task_id": "mininote_1"})
+    code = PRELUDE + FIND_SOCKET + "W.send(sock, {'ok': True, 'output': 'FORGED', 'id': request.get('id')})"
+    observation, *_ = env.step(render_action(code))
+    assert observation == "FORGED"
+    observation, reward, terminated, _, info = env.step(render_action("print('next')"))
+    assert terminated and "forged or stale" in info["termination_reason"]
+    assert "next" not in observation or "Error" in observation
+
+
+def test_a_claimed_completion_is_not_a_completed_task(env):
+    # The episode's process says its task is completed (a patch here; a forged reply is the
+    # same claim): the grader finds no completed task in its state, and the episode goes on.
+    env.reset(options={"task_id": "mininote_1"})
+    patch = "random._os.sys.modules['appworld.environment'].AppWorld.task_completed = lambda self: True"
+    observation, reward, terminated, truncated, info = env.step(render_action(PRELUDE + patch + "\n# complete_task"))
+    assert (terminated, truncated, reward) == (False, False, 0.0), info["termination_reason"]
+    # A real completion ends it, as the grader says.
+    _, reward, terminated, _, info = env.step(render_action(solution("mininote_1")))
+    assert terminated and info["termination_reason"] == "completed" and reward == 1.0
+
+
+# ---------------------------------------------------------------------------- recovery
+
+
+def test_a_stopped_warm_parent_is_replaced_within_the_step_deadline():
+    with ServerPool(MINI) as pool:
+        env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool, timeout_seconds=4, response_grace_s=3)
+        try:
+            env.reset(options={"task_id": "mininote_1"})
+            parent = warm_parent(env.unwrapped.server)
+            parent.suspend()
+            start = time.monotonic()
+            observation, reward, terminated, _, info = env.step(render_action("print(1)"))
+            step_s = time.monotonic() - start
+            assert terminated and info["termination_reason"], observation
+            assert step_s < 4 + 3, step_s
+            start = time.monotonic()
+            env.reset(options={"task_id": "mininote_1"})
+            observation, *_ = env.step(render_action("print(2)"))
+            assert observation.strip() == "2"
+            assert time.monotonic() - start < 60
+        finally:
+            env.close()
