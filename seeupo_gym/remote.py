@@ -20,6 +20,7 @@ Needs the `serve` extra (`websockets`). `env_target` maps the trainer's `env.wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Mapping
@@ -111,6 +112,7 @@ class RemoteEnv(gym.Env[str, str]):
         self.observation_space = _space(served["observation_space"])
         self.action_space = _space(served["action_space"])
         self._ws: Any = None
+        self._connection = contextlib.ExitStack()
 
     # ------------------------------------------------------------------ gym API
 
@@ -138,13 +140,12 @@ class RemoteEnv(gym.Env[str, str]):
         return observation["text"], float(result.get("reward") or 0.0), terminated, truncated, observation["info"]
 
     def close(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
+        if self._ws is not None:
             try:
-                ws.send(json.dumps({"type": "close"}))
+                self._ws.send(json.dumps({"type": "close"}))
             except Exception:  # the server may be gone already; the session ends with the socket anyway
                 pass
-            ws.close()
+        self._drop()
         super().close()
 
     # ------------------------------------------------------------------ wire
@@ -156,15 +157,21 @@ class RemoteEnv(gym.Env[str, str]):
             raise ImportError("seeupo/Remote-v0 needs the serve extra: pip install 'seeupo-gym[serve]'") from error
         ws_url = "ws" + self.url[len("http"):] if self.url.startswith("http") else self.url
         try:
-            self._ws = connect(f"{ws_url}/ws", additional_headers=self._headers, open_timeout=self.connect_timeout_s,
-                               max_size=None, proxy=None)
+            self._ws = self._connection.enter_context(connect(
+                f"{ws_url}/ws", additional_headers=self._headers, open_timeout=self.connect_timeout_s, max_size=None
+            ))
         except Exception as error:
             raise RemoteEnvError(f"cannot open a session with the env server at {self.url}: {error}") from error
 
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
         try:
-            self._ws.send(json.dumps(message))
-            answer = json.loads(self._ws.recv(timeout=self.timeout_s))
+            try:
+                self._ws.send(json.dumps(message))
+            except Exception:
+                # A server that refuses the session (at capacity) says why, then closes.
+                answer = json.loads(self._ws.recv(timeout=1.0))
+            else:
+                answer = json.loads(self._ws.recv(timeout=self.timeout_s))
         except Exception as error:  # connection closed, timeout, garbage: the session is gone
             self._drop()
             raise RemoteEnvError(
@@ -173,6 +180,8 @@ class RemoteEnv(gym.Env[str, str]):
             ) from error
         if answer.get("type") == "error":
             details = answer.get("data", {})
+            if details.get("code") in ("CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"):
+                self._drop()  # the server closed this session
             raise RemoteEnvError(f"the env server at {self.url} refused {message['type']}: "
                                  f"{details.get('message', details)} ({details.get('code', '?')})")
         if answer.get("type") != "observation":
@@ -181,9 +190,8 @@ class RemoteEnv(gym.Env[str, str]):
         return answer["data"]
 
     def _drop(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:
-                pass
+        self._ws = None
+        try:
+            self._connection.close()
+        except Exception:  # a broken socket may fail to close cleanly; it is gone either way
+            pass

@@ -33,7 +33,7 @@ import threading
 from typing import Any, Callable
 
 import gymnasium as gym
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
@@ -249,8 +249,13 @@ def create_app(
     live: set[GymSession] = set()
     live_lock = threading.Lock()
 
+    def make_env() -> gym.Env:
+        # The probe above ran gymnasium's checker. Its passive checker breaks an env whose first
+        # reset raised (a client's bad task id): every later step fails unpacking None.
+        return gym.make(env_id, disable_env_checker=True, **env_kwargs)
+
     def session() -> GymSession:
-        return GymSession(env_id, lambda: gym.make(env_id, **env_kwargs), slots, live, live_lock)
+        return GymSession(env_id, make_env, slots, live, live_lock)
 
     app = FastAPI(title=f"seeupo-serve {env_id}", docs_url=None, redoc_url=None)
     server = HTTPEnvServer(
@@ -308,7 +313,11 @@ class BoundedRequests:
                 await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>")
             return
         if scope["type"] == "websocket":
-            return await self.app(scope, receive, send)
+            try:
+                return await self.app(scope, receive, send)
+            except WebSocketDisconnect:
+                # openenv-core closes the socket again after its client left; nothing is lost.
+                return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
             return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")

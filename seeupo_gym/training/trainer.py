@@ -31,6 +31,7 @@ from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
 from seeupo_gym.training.tasks import env_task_ids
+from seeupo_gym.remote import env_target
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +143,12 @@ class Trainer:
             save_config(config, self.output_dir / "config.yaml")
 
         env = config.env
-        self.train_tasks = list(env.train_tasks or env_task_ids(env.id, env.kwargs))
+        where = {"workers": env.workers, "url": env.url, "worker_options": env.worker_options}
+        self.train_tasks = list(env.train_tasks or env_task_ids(*env_target(env.id, env.kwargs, **where)))
         if env.eval_tasks:
             self.eval_tasks = list(env.eval_tasks)
         elif env.eval_kwargs is not None:
-            self.eval_tasks = env_task_ids(env.id, {**env.kwargs, **env.eval_kwargs})
+            self.eval_tasks = env_task_ids(*env_target(env.id, {**env.kwargs, **env.eval_kwargs}, **where))
         else:
             self.eval_tasks = list(self.train_tasks)
 
@@ -240,6 +242,9 @@ class Trainer:
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=dict(env_kwargs),
                 vectorization=env.vectorization,
+                workers=env.workers,
+                url=env.url,
+                worker_options=env.worker_options,
             )
         except Exception as error:
             raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
@@ -370,6 +375,7 @@ class Trainer:
                 num_envs=env.num_envs,
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs={**env.kwargs, **(env.eval_kwargs or {}), **(env_kwargs or {})},
+                env_workers={"workers": env.workers, "url": env.url, "worker_options": env.worker_options},
                 progress=progress,
                 desc=f"eval step {self.state.step}",
             )
