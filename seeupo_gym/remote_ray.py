@@ -110,3 +110,9 @@ class RayEnv(gym.Env[str, str]):
             return ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
             raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {what}: {error}") from error
+        except ray.exceptions.RayTaskError as error:
+            # The env itself raised (a bad task id...): the caller gets that exception, as locally.
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
