@@ -310,3 +310,72 @@ def test_a_client_naming_another_env_or_other_kwargs_is_refused(bandit_server):
         RemoteEnv(bandit_server.url, env_id="seeupo/BFCL-v4-v0")
     with pytest.raises(ValueError, match="start it with the same key=value pairs"):
         RemoteEnv(bandit_server.url, env_id="seeupo/TurnBandit-v0", env_kwargs={"variant": "easy"})
+
+
+# ----------------------------------------------------------------------------- in collection
+
+
+def test_the_vector_agent_on_a_server_collects_the_local_batch(bandit_server, tiny, one_torch_thread):
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import VectorAgent
+
+    model, tokenizer = tiny
+
+    def run(**where):
+        with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
+                         env_kwargs=BANDIT_KWARGS, sampling=SamplingParams(max_new_tokens=4), **where) as agent:
+            assert all(isinstance(env.unwrapped, RemoteEnv) == bool(where) for env in agent.envs)
+            batch = agent.collect([None, "mixed-0-3"], group_size=2, seed=3)
+        return [(t.rollout_id, t.reward, t.info["end"], t.info["messages"], [x.response_ids for x in t.turns])
+                for t in batch]
+
+    remote = run(url=bandit_server.url)
+    assert remote == run() and "env_error" not in [t[2] for t in remote]
+
+
+class DropsASession:
+    """Wraps the real backend; before its second call it drops env slot 0's connection (a lost session)."""
+
+    def __init__(self, backend):
+        self.backend, self.agent, self.calls = backend, None, 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls == 2:
+            self.agent.envs[0].unwrapped._ws.close()
+        return self.backend.generate(prompts, sampling)
+
+
+def test_a_lost_session_ends_its_episode_as_an_env_error_and_the_env_is_replaced(bandit_server, tiny,
+                                                                                 one_torch_thread):
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
+
+    model, tokenizer = tiny
+    backend = DropsASession(HFBackend(model, tokenizer))
+    with VectorAgent("seeupo/TurnBandit-v0", backend, tokenizer, num_envs=2, env_kwargs=BANDIT_KWARGS,
+                     sampling=SamplingParams(max_new_tokens=4), url=bandit_server.url) as agent:
+        backend.agent = agent
+        first = agent.envs[0]
+        batch = agent.collect(["mixed-0-1", "mixed-0-2"], group_size=1, seed=0).trajectories
+        assert batch[0].info["end"] == END_ENV_ERROR and "lost the session" in batch[0].info["error"]
+        assert batch[1].info["end"] != END_ENV_ERROR and agent.envs[0] is not first
+        again = agent.collect(["mixed-0-1", "mixed-0-2"], group_size=1, seed=0).trajectories
+        assert END_ENV_ERROR not in [t.info["end"] for t in again]
+
+
+def test_a_dead_server_fails_collection_with_a_clear_error_after_the_retries(tiny, one_torch_thread):
+    from types import SimpleNamespace
+
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import VectorAgent
+    from seeupo_gym.training.collection import RolloutError, collect
+
+    model, tokenizer = tiny
+    with serving("seeupo/TurnBandit-v0") as served:
+        with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
+                         sampling=SamplingParams(max_new_tokens=4), url=served.url) as agent:
+            served.stop(signal.SIGKILL)
+            with pytest.raises(RolloutError, match="cannot reach the env server"):
+                collect(SimpleNamespace(num_processes=1, process_index=0), agent, ["mixed-0-1"], 1,
+                        seed=0, retries=1, what="step 1")
