@@ -9,8 +9,8 @@ Prints, with the load average beside each figure:
 - BFCL step latency p50 / p90, in-process env vs `seeupo/Remote-v0` (a loopback `seeupo-serve`)
   vs `seeupo/Ray-v0` (one actor), the variants alternating episode by episode;
 - episodes per second with K concurrent sessions (K threads, each driving its own
-  `seeupo/Remote-v0` session) for K in --levels, then the same with K Ray actors, then the
-  same with K in-process envs in K threads (the baseline), each for --seconds.
+  `seeupo/Remote-v0` session), K Ray actors, and K in-process envs in K threads (the baseline),
+  for K in --levels, the three alternating level by level, each for --seconds.
 
 The server and Ray run on this machine: client, server and workers share its cores.
 """
@@ -137,13 +137,13 @@ def main() -> None:
         print("Step latency (variants alternate episode by episode):", flush=True)
         step_latency(makers, args.latency_episodes)
         print(f"Episodes per second, {args.seconds:.0f} s per figure:", flush=True)
-        for level in levels:
-            throughput("seeupo-serve", remote, level, args.seconds)
-        if use_ray:
-            for level in ray_levels:
+        for level in sorted(set(levels) | set(ray_levels)):  # the variants alternate level by level
+            if level in levels:
+                throughput("seeupo-serve", remote, level, args.seconds)
+            if use_ray and level in ray_levels:
                 throughput("Ray actors", on_ray, level, args.seconds)
-        for level in levels:
-            throughput("in-process", local, level, args.seconds)
+            if level in levels:
+                throughput("in-process", local, level, args.seconds)
 
 
 if __name__ == "__main__":
