@@ -239,7 +239,7 @@ def test_bad_requests_get_clear_errors_and_the_server_goes_on(bfcl_server):
 
 
 def test_idle_sessions_are_reaped_and_then_answer_with_a_clear_error():
-    with serving("seeupo/TurnBandit-v0", "--idle-timeout", "1") as served:
+    with serving("seeupo/TurnBandit-v0", "--idle-timeout", "5") as served:
         env = client(served.url)
         try:
             env.reset(seed=0)

@@ -124,3 +124,23 @@ def test_no_sandbox_is_left_after_the_server_is_stopped(sig):
     while alive(sandboxes) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert alive(sandboxes) == []
+
+
+@pytest.mark.slow
+def test_an_idle_appworld_session_is_reaped_with_its_sandboxes():
+    import httpx
+
+    with serving("seeupo/AppWorld-v0", "split=mini", "--idle-timeout", "5", startup_s=300) as served:
+        with GenericEnvClient(base_url=served.url, message_timeout_s=300).sync() as env:
+            env.reset(seed=0, task_id=MINI_TASKS[0])
+            env.step({"response": render_action("x = 1")})
+            sandboxes = sandbox_processes(served.pid)
+            assert len(sandboxes) >= 2
+            deadline = time.monotonic() + 60
+            while (alive(sandboxes) or httpx.get(f"{served.url}/seeupo/env").json()["live_envs"]) \
+                    and time.monotonic() < deadline:
+                time.sleep(1)
+            assert alive(sandboxes) == [] and httpx.get(f"{served.url}/seeupo/env").json()["live_envs"] == 0
+            with pytest.raises(RuntimeError, match="session is closed"):
+                env.step({"response": render_action("print(x)")})
+            assert served.process.poll() is None  # the server goes on

@@ -24,12 +24,14 @@ come back as error messages (WebSocket) or 4xx answers (HTTP); the server goes o
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
 import logging
 import math
 import threading
+import time
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -125,10 +127,30 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         self._turn = 0
         self._task_id: str | None = None
         self._done = True
+        self._busy = 0
         with lock:
             live.add(self)
 
+    @property
+    def busy(self) -> bool:
+        """A reset or step is running (the session is not idle, however long it takes)."""
+        return self._busy > 0
+
     def reset(self, seed: Any = None, episode_id: Any = None, **options: Any) -> TextObservation:
+        self._busy += 1
+        try:
+            return self._reset(seed, episode_id, options)
+        finally:
+            self._busy -= 1
+
+    def step(self, action: ResponseAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
+        self._busy += 1
+        try:
+            return self._step(action)
+        finally:
+            self._busy -= 1
+
+    def _reset(self, seed: Any, episode_id: Any, options: dict[str, Any]) -> TextObservation:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise SessionError(f"reset: seed must be a non-negative integer or null, got {seed!r}")
         if episode_id is not None and not isinstance(episode_id, str):
@@ -143,7 +165,7 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         self._task_id = str(info.get("task_id")) if isinstance(info, dict) else None
         return self._observation(observation, None, False, False, info)
 
-    def step(self, action: ResponseAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
+    def _step(self, action: ResponseAction) -> TextObservation:
         if self._closed:
             raise SessionError(self._closed_message())
         if self._env is None or self._done:
@@ -204,6 +226,34 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
                                reward=reward, metadata=safe)
 
 
+class SessionServer(HTTPEnvServer):
+    """openenv-core's server, where a request in flight counts as activity: its reaper measures
+    idleness from a session's last answered request, so it would close a session in the middle
+    of a long reset (an AppWorld server starting). Busy sessions are marked active every second."""
+
+    _busy_task: asyncio.Task | None = None
+
+    def _start_reaper(self) -> None:
+        super()._start_reaper()
+        if self._session_idle_timeout_s is not None and self._busy_task is None:
+            self._busy_task = asyncio.create_task(self._mark_busy_sessions_active())
+
+    def _stop_reaper(self) -> None:
+        super()._stop_reaper()
+        if self._busy_task is not None:
+            self._busy_task.cancel()
+            self._busy_task = None
+
+    async def _mark_busy_sessions_active(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for session_id, env in list(self._sessions.items()):
+                info = self._session_info.get(session_id)
+                if info is not None and getattr(env, "busy", False):
+                    info.last_activity_at = now
+
+
 def space_description(space: gym.Space) -> dict[str, Any]:
     """A text space as the gymnasium client rebuilds it."""
     from seeupo_gym.spaces import UnicodeText
@@ -231,6 +281,8 @@ def create_app(
     env_kwargs = dict(env_kwargs or {})
     if max_sessions < 1:
         raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+    if idle_timeout_s < 5:
+        raise ValueError(f"idle_timeout_s must be at least 5 seconds, got {idle_timeout_s}")
     probe = gym.make(env_id, **env_kwargs)
     try:
         task_ids = getattr(probe.unwrapped, "task_ids", None)
@@ -258,7 +310,7 @@ def create_app(
         return GymSession(env_id, make_env, slots, live, live_lock)
 
     app = FastAPI(title=f"seeupo-serve {env_id}", docs_url=None, redoc_url=None)
-    server = HTTPEnvServer(
+    server = SessionServer(
         session,
         ResponseAction,
         TextObservation,

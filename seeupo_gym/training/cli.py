@@ -240,6 +240,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         env_kwargs=config.env.kwargs,
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts),
+        env_workers={"workers": config.env.workers, "url": config.env.url, "worker_options": config.env.worker_options},
     )
     result.model = config.model.name_or_path
     result.checkpoint = args.checkpoint
