@@ -160,6 +160,7 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         unknown = sorted(set(options) - set(accepted))
         if unknown:
             raise SessionError(f"reset: unknown option(s) {unknown}; this env takes seed, episode_id and {list(accepted)}")
+        self._done = True  # until the env's reset succeeds
         observation, info = env.reset(seed=seed, options=options or None)
         self._episode_id, self._turn, self._done = episode_id, 0, False
         self._task_id = str(info.get("task_id")) if isinstance(info, dict) else None
