@@ -38,6 +38,7 @@ import gymnasium as gym
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.remote import env_target
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,9 @@ class VectorAgent:
             them concurrently in a thread pool (for envs that wait on servers, e.g. AppWorld).
         context_mode: "auto" appends tokens and rebuilds only when the env's history differs
             from what was sent; "rebuild" renders every turn's context from `info["messages"]`.
+        workers: "local" makes the envs here; "ray" makes each a Ray actor (`seeupo/Ray-v0`).
+        url: a `seeupo-serve` server serving `env_id` with `env_kwargs` (`seeupo/Remote-v0`).
+        worker_options: Ray's actor options for each env worker.
     """
 
     def __init__(
@@ -157,6 +161,9 @@ class VectorAgent:
         vectorization: Literal["sync", "async"] = "sync",
         context_mode: Literal["auto", "rebuild"] = "auto",
         env_factory: Callable[[], gym.Env] | None = None,
+        workers: Literal["local", "ray"] = "local",
+        url: str | None = None,
+        worker_options: dict[str, Any] | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
@@ -178,7 +185,10 @@ class VectorAgent:
         self.env_kwargs = dict(env_kwargs or {})
         self.vectorization = vectorization
         self.context_mode = context_mode
-        self._env_factory = env_factory or (lambda: gym.make(env_id, **self.env_kwargs))
+        # Where each env runs: here, in a Ray actor, or behind a seeupo-serve url (seeupo_gym.remote).
+        target_id, target_kwargs = env_target(env_id, self.env_kwargs, workers=workers, url=url,
+                                              worker_options=worker_options)
+        self._env_factory = env_factory or (lambda: gym.make(target_id, **target_kwargs))
         self.delta = ChatDelta(tokenizer) if context_mode == "auto" else None
         self.stop_token_ids = set(sampling.stop_token_ids or backend.default_stop_token_ids)
         if not self.stop_token_ids and tokenizer.eos_token_id is not None:

@@ -21,6 +21,10 @@ _ENVS: dict[str, str] = {
     "seeupo/BFCL-v4-miss-func-v0": "seeupo_gym.bfcl.env:make_miss_func",
     "seeupo/BFCL-v4-miss-param-v0": "seeupo_gym.bfcl.env:make_miss_param",
     "seeupo/BFCL-v4-long-context-v0": "seeupo_gym.bfcl.env:make_long_context",
+    # Any of the above served by `seeupo-serve` (needs the serve extra) or held by a Ray actor
+    # (the ray extra): gym.make("seeupo/Remote-v0", url=..., env_id=..., env_kwargs=...).
+    "seeupo/Remote-v0": "seeupo_gym.remote:RemoteEnv",
+    "seeupo/Ray-v0": "seeupo_gym.remote_ray:RayEnv",
 }
 
 for _env_id, _entry_point in _ENVS.items():

@@ -193,7 +193,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         if args.split:
             flags["split"] = args.split
         config = config_from_dict(config.to_dict())  # re-check the values the flags set
-        from seeupo_gym.training.tasks import eval_env_kwargs, eval_task_ids
+        from seeupo_gym.training.tasks import env_workers, eval_env_kwargs, eval_task_ids
 
         env_kwargs = eval_env_kwargs(config.env, flags)
         if args.tasks:
@@ -244,6 +244,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         vectorization=config.env.vectorization,
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts),
+        env_workers=env_workers(config.env),
     )
     result.model = config.model.name_or_path
     result.checkpoint = args.checkpoint

@@ -73,6 +73,14 @@ class EnvConfig:
     vectorization: Literal["sync", "async"] = "sync"
     # Longest context the agent feeds the model; longer episodes end truncated.
     max_context_tokens: int = 8192
+    # Where the envs run: "local" (in this process) or "ray" (each env a Ray actor, placed by Ray;
+    # `pip install seeupo-gym[ray]`, $RAY_ADDRESS for a cluster).
+    workers: Literal["local", "ray"] = "local"
+    # Ray's actor options for each env worker, e.g. {num_cpus: 1} or {resources: {envs: 1}}.
+    worker_options: dict[str, Any] = field(default_factory=dict)
+    # A `seeupo-serve` server serving env.id with env.kwargs (e.g. http://10.0.0.5:8000); null: none.
+    # Its token, if any, comes from $SEEUPO_SERVE_TOKEN.
+    url: str | None = None
 
 
 @dataclass

@@ -132,12 +132,13 @@ def evaluate_policy(
     progress: bool = False,
     keep_rollouts: bool = False,
     desc: str = "eval",
+    env_workers: dict[str, Any] | None = None,
 ) -> EvalResult:
     """n rollouts of every task with `backend` (a `agents.backends` Backend); avg@k and pass@k.
 
     Tasks are collected in chunks of about four env-loads of episodes so a progress bar can
     move; a chunk's seed is derived from (seed, chunk index), so the same arguments give the
-    same rollouts.
+    same rollouts. `env_workers`: where the envs run, as VectorAgent's workers / url / worker_options.
     """
     from tqdm.auto import tqdm
 
@@ -167,6 +168,7 @@ def evaluate_policy(
         max_context_tokens=max_context_tokens,
         env_kwargs=env_kwargs,
         vectorization=vectorization,
+        **(env_workers or {}),
     ) as agent:
         for index, begin in enumerate(range(0, len(tasks), chunk)):
             part = tasks[begin : begin + chunk]

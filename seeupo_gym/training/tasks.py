@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from seeupo_gym.remote import env_target
 from seeupo_gym.training.config import ConfigError, EnvConfig
 
 
@@ -29,6 +30,22 @@ def env_task_ids(env_id: str, env_kwargs: dict[str, Any]) -> list[str]:
     return [str(task) for task in ids]
 
 
+def env_workers(env: EnvConfig) -> dict[str, Any]:
+    """Where the config's envs run, as VectorAgent's `workers` / `url` / `worker_options`."""
+    return {"workers": env.workers, "url": env.url, "worker_options": env.worker_options}
+
+
+def listed_task_ids(env: EnvConfig, env_kwargs: dict[str, Any]) -> list[str]:
+    """`env_task_ids` of the config's env with `env_kwargs`, asked where the envs run (locally,
+    on Ray workers or behind `env.url`)."""
+    return env_task_ids(*env_target(env.id, env_kwargs, **env_workers(env)))
+
+
+def train_task_ids(env: EnvConfig) -> list[str]:
+    """`env.train_tasks`, or every task of the training env."""
+    return list(env.train_tasks or listed_task_ids(env, env.kwargs))
+
+
 def eval_env_kwargs(env: EnvConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The eval env's kwargs: `env.kwargs`, then `env.eval_kwargs`, then `extra` (a command-line
     flag's or a comparison's), each over the last."""
@@ -42,5 +59,5 @@ def eval_task_ids(env: EnvConfig, extra: dict[str, Any] | None = None) -> list[s
     if env.eval_tasks and not extra:
         return list(env.eval_tasks)
     if env.eval_kwargs is not None or extra:
-        return env_task_ids(env.id, eval_env_kwargs(env, extra))
-    return list(env.train_tasks or env_task_ids(env.id, env.kwargs))
+        return listed_task_ids(env, eval_env_kwargs(env, extra))
+    return train_task_ids(env)

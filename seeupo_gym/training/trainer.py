@@ -31,7 +31,7 @@ from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
-from seeupo_gym.training.tasks import env_task_ids, eval_env_kwargs, eval_task_ids
+from seeupo_gym.training.tasks import env_workers, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class Trainer:
             save_config(config, self.output_dir / "config.yaml")
 
         env = config.env
-        self.train_tasks = list(env.train_tasks or env_task_ids(env.id, env.kwargs))
+        self.train_tasks = train_task_ids(env)
         self.eval_tasks = eval_task_ids(env)
 
         policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
@@ -200,6 +200,9 @@ class Trainer:
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=dict(env_kwargs),
                 vectorization=env.vectorization,
+                workers=env.workers,
+                url=env.url,
+                worker_options=env.worker_options,
             )
         except Exception as error:
             raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
@@ -331,6 +334,7 @@ class Trainer:
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=eval_env_kwargs(env, env_kwargs),
                 vectorization=env.vectorization,
+                env_workers=env_workers(env),
                 progress=progress,
                 desc=f"eval step {self.state.step}",
             )

@@ -155,7 +155,7 @@ def build_plan(
     save_checkpoints: bool = False,
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
-    from seeupo_gym.training.tasks import env_task_ids, eval_task_ids
+    from seeupo_gym.training.tasks import eval_task_ids, train_task_ids
     from seeupo_gym.training.trainer import build_algorithm, check_trackers
 
     options = options or {}
@@ -173,7 +173,7 @@ def build_plan(
     base = config_from_dict(raw)
     shared = dict(base.algorithm.options)
     # Listed once for all runs: every algorithm then draws its step's tasks from the same list.
-    train_tasks = base.env.train_tasks or env_task_ids(base.env.id, base.env.kwargs)
+    train_tasks = train_task_ids(base.env)
 
     runs: list[RunSpec] = []
     for label, name in algorithms.items():

@@ -1,0 +1,118 @@
+"""`seeupo/Ray-v0`: a registered env running in a Ray actor, as a local gymnasium env.
+
+    env = gym.make("seeupo/Ray-v0", env_id="seeupo/AppWorld-v0", env_kwargs={"split": "mini"})
+
+Each instance starts one actor (placed by Ray: `actor_options` are Ray's, e.g.
+`{"num_cpus": 1}` or `{"resources": {"envs": 1}}` to keep envs off the GPU nodes) holding
+the real env; reset/step/close are calls to it. Ray is joined as `ray.init()` finds it
+(`$RAY_ADDRESS` for a cluster; else a local instance is started). Exceptions the env raises
+come back as they are; an actor that dies (its process killed, its node lost) is a
+`RemoteEnvError`, and the vectorized agent then ends the episode as an env error and makes a
+new env, so a new actor. Every worker needs seeupo-gym installed (the `ray` extra).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import gymnasium as gym
+
+from seeupo_gym.remote import RemoteEnvError
+
+
+class EnvWorker:
+    """The actor's body: one env made in the worker process."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any]) -> None:
+        import seeupo_gym  # noqa: F401  (registers the ids)
+
+        self.env = gym.make(env_id, **env_kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        ids = getattr(self.env.unwrapped, "task_ids", None)
+        return {
+            "observation_space": self.env.observation_space,
+            "action_space": self.env.action_space,
+            "task_ids": tuple(str(t) for t in (ids() if callable(ids) else ids or ())),
+        }
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        return self.env.step(action)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@functools.cache
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError("env workers on Ray need the ray extra: pip install 'seeupo-gym[ray]'") from error
+    return ray
+
+
+@functools.cache
+def _actor_class() -> Any:
+    return _ray().remote(EnvWorker)
+
+
+class RayEnv(gym.Env[str, str]):
+    """`env_id` (made with `env_kwargs`) in a Ray actor started with `actor_options`."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, *,
+                 actor_options: Mapping[str, Any] | None = None) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self._actor = _actor_class().options(**dict(actor_options or {})).remote(env_id, self.env_kwargs)
+        described = self._get(self._actor.describe.remote(), "start")
+        self.observation_space = described["observation_space"]
+        self.action_space = described["action_space"]
+        self.task_ids: tuple[str, ...] = described["task_ids"]
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor holding the env."""
+        return self._actor
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._get(self._actor.reset.remote(seed, options), "reset")
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self._get(self._actor.step.remote(action), "step")
+
+    def close(self) -> None:
+        actor, self._actor = getattr(self, "_actor", None), None
+        if actor is not None:
+            ray = _ray()
+            try:
+                ray.get(actor.close.remote(), timeout=60)
+            except Exception:  # dead already, or stuck: the kill below ends it either way
+                pass
+            ray.kill(actor, no_restart=True)
+        super().close()
+
+    def _get(self, ref: Any, what: str) -> Any:
+        ray = _ray()
+        if self._actor is None:
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} is closed")
+        try:
+            return ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {what}: {error}") from error
+        except ray.exceptions.RayTaskError as error:
+            # The env itself raised (a bad task id...): the caller gets that exception, as locally.
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise

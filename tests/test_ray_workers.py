@@ -1,0 +1,112 @@
+"""Env workers on Ray (`seeupo/Ray-v0`, `env.workers: ray`) on a local Ray instance with 2 CPUs:
+the same batch as local envs, a worker killed mid-episode ends that episode as an env error and
+is replaced, and `seeupo-train --config tiny-turnbandit env.workers=ray` collects what the local
+run collects. Ray takes seconds to start: few tests, one instance for the module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import seeupo_gym  # noqa: E402,F401
+from seeupo_gym.agents.backends import HFBackend, SamplingParams  # noqa: E402
+from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent  # noqa: E402
+from seeupo_gym.remote import RemoteEnvError  # noqa: E402
+from seeupo_gym.remote_ray import RayEnv  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BANDIT = "seeupo/TurnBandit-v0"
+KWARGS = {"variant": "easy", "num_tasks": 8, "max_turns": 2}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def trajectories(batch):
+    return [(t.task_id, t.rollout_id, t.reward, t.success, t.truncated, t.info["end"], t.info["actions"],
+             t.info["messages"], [(turn.context_ids, turn.response_ids) for turn in t.turns]) for t in batch]
+
+
+def collect(tiny, **where):
+    model, tokenizer = tiny
+    with VectorAgent(BANDIT, HFBackend(model, tokenizer), tokenizer, num_envs=2, env_kwargs=KWARGS,
+                     sampling=SamplingParams(max_new_tokens=4), **where) as agent:
+        assert all(isinstance(env.unwrapped, RayEnv) == (where.get("workers") == "ray") for env in agent.envs)
+        return agent.collect([None, "easy-0-3"], group_size=2, seed=5)
+
+
+def test_ray_workers_collect_the_same_batch_as_local_envs(local_ray, tiny):
+    on_ray = trajectories(collect(tiny, workers="ray"))
+    assert on_ray == trajectories(collect(tiny))
+    assert len(on_ray) == 4 and END_ENV_ERROR not in [t[5] for t in on_ray]  # no env error on either side
+
+
+class KillsAWorker:
+    """Wraps the real backend; before its second call it kills the Ray actor of env slot 0."""
+
+    def __init__(self, backend):
+        self.backend, self.agent, self.calls, self.killed = backend, None, 0, []
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls == 2:
+            actor = self.agent.envs[0].unwrapped.actor
+            self.killed.append(actor)
+            ray.kill(actor, no_restart=True)
+        return self.backend.generate(prompts, sampling)
+
+
+def test_a_worker_killed_mid_episode_ends_it_as_an_env_error_and_is_replaced(local_ray, tiny):
+    model, tokenizer = tiny
+    backend = KillsAWorker(HFBackend(model, tokenizer))
+    with VectorAgent(BANDIT, backend, tokenizer, num_envs=2, env_kwargs=KWARGS, workers="ray",
+                     sampling=SamplingParams(max_new_tokens=4)) as agent:
+        backend.agent = agent
+        batch = agent.collect(["easy-0-1", "easy-0-2"], group_size=1, seed=0).trajectories
+        ends = [t.info["end"] for t in batch]
+        assert ends[0] == END_ENV_ERROR and "RemoteEnvError" in batch[0].info["error"]
+        assert "died during step" in batch[0].info["error"] and ends[1] != END_ENV_ERROR
+        replacement = agent.envs[0].unwrapped.actor
+        assert replacement != backend.killed[0]
+        again = agent.collect(["easy-0-1", "easy-0-2"], group_size=1, seed=0)  # the new worker serves
+        assert END_ENV_ERROR not in [t.info["end"] for t in again]
+        with pytest.raises(RemoteEnvError, match="died"):
+            import gymnasium as gym
+
+            dead = gym.make("seeupo/Ray-v0", env_id=BANDIT, env_kwargs=KWARGS)
+            ray.kill(dead.unwrapped.actor, no_restart=True)
+            dead.reset(seed=0)
+
+
+def test_seeupo_train_on_ray_workers_collects_the_local_runs_first_step(local_ray, tmp_path, monkeypatch):
+    from seeupo_gym.training.cli import train_main
+
+    batches = []
+    original = VectorAgent.collect
+
+    def recording(self, *args, **kwargs):  # observes collection, changes nothing
+        batch = original(self, *args, **kwargs)
+        batches.append((self.envs[0].unwrapped.__class__.__name__, trajectories(batch)))
+        return batch
+
+    monkeypatch.setattr(VectorAgent, "collect", recording)
+    runs = {}
+    for workers in ("local", "ray"):
+        out = tmp_path / workers
+        code = train_main(["--config", "tiny-turnbandit", f"env.workers={workers}", f"log.output_dir={out}",
+                           "train.steps=1", "log.progress_bars=false"])
+        assert code == 0
+        runs[workers] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    (local_kind, local_batch), (ray_kind, ray_batch) = batches
+    assert (local_kind, ray_kind) == ("TurnBanditEnv", "RayEnv")
+    assert ray_batch == local_batch and len(local_batch) == 4
+    rollout = {k: v for k, v in runs["local"].items() if k.startswith("rollout/") or k.startswith("update/")}
+    assert rollout == {k: v for k, v in runs["ray"].items() if k in rollout}
