@@ -184,7 +184,7 @@ class BFCLEnv(gym.Env[str, str]):
             )
         if decoded.kind == "calls":
             decoded = self._checked(decoded, backend)
-        if parsed is not None and decoded.kind != "error":
+        if parsed is not None and decoded.kind == "calls":
             content = self.template.history_content(self._clip_action(parsed.content))
             self._messages.append(assistant_message(content, parsed.calls))
         else:
