@@ -1,0 +1,1 @@
+"""Our envs in other frameworks: TRL, SkyRL, OpenEnv (the run layer: may import everything)."""
