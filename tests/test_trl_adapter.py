@@ -171,6 +171,7 @@ def test_grpo_trainer_trains_a_step_on_turnbandit_and_logs_the_envs_scores(tmp_p
     rewards = logged_rewards(trainer)
     environments = trainer.environments
     assert len(rewards) == len(environments) == 4
+    print("\nTRL logged rewards:", rewards, "\nactions:", [environment.steps for environment in environments])
     for reward, environment in zip(rewards, environments):
         assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT, environment.task_id, environment.steps)
 
@@ -186,5 +187,6 @@ def test_grpo_trainer_trains_a_step_on_bfcl_and_logs_the_envs_scores(tmp_path, t
     environments = trainer.environments
     assert len(rewards) == len(environments) == 4
     kwargs = {"categories": ["miss_func"], "split": "all", "action_format": "tools", "max_turns": 50}
+    print("\nTRL logged rewards:", rewards, "\nactions:", [environment.steps for environment in environments])
     for reward, environment in zip(rewards, environments):
         assert reward == replayed_score("seeupo/BFCL-v4-v0", kwargs, environment.task_id, environment.steps)
