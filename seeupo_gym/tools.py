@@ -159,10 +159,6 @@ def function_schema(name: str, description: str, parameters: Mapping[str, Any]) 
     return {"type": "function", "function": {"name": name, "description": description, "parameters": dict(parameters)}}
 
 
-def schema_names(tools: Sequence[ToolSchema]) -> list[str]:
-    return [tool["function"]["name"] for tool in tools]
-
-
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
