@@ -178,3 +178,25 @@ def test_unknown_action_format_or_parser_is_a_clear_error():
 def test_react_format_publishes_no_tools():
     _, info = make(action_format="react").reset(options={"task_id": "multi_turn_base_0"})
     assert info["tools"] == []
+
+
+def test_mangled_tool_calls_never_raise():
+    import random
+
+    rng = random.Random(0)
+    valid = render_tool_calls([("cd", {"folder": "document"}), ("ls", {"a": True})])
+    env = make(max_turns=1000)
+    env.reset(options={"task_id": "multi_turn_base_0"})
+    alphabet = '{}[]":,\\<>/ \n0123456789eE.-+tool_callnameargumentsNaN\x00\ud800'
+    for _ in range(300):
+        chars = list(valid)
+        for _ in range(rng.randint(1, 6)):
+            position = rng.randrange(len(chars))
+            if rng.random() < 0.5:
+                chars[position] = rng.choice(alphabet)
+            else:
+                del chars[position]
+        observation, reward, terminated, truncated, info = env.step("".join(chars))
+        assert isinstance(observation, str) and info["action_kind"] in ("calls", "turn_end", "error")
+        if terminated or truncated:
+            env.reset(options={"task_id": "multi_turn_base_0"})
