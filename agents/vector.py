@@ -389,6 +389,8 @@ class VectorAgent:
             or not all(m.get("role") in ("user", "tool") for m in following)
         ):
             return None
+        if len(following) == 1 and following[0]["role"] == "user":  # ReAct: the precomputed delta
+            return self.observation_delta(following[0]["content"], completion.token_ids, completion.finish_reason)
         closed_by = ""
         if completion.finish_reason == FINISH_STOP and completion.token_ids and completion.token_ids[-1] in self.stop_token_ids:
             closed_by = self.tokenizer.decode([completion.token_ids[-1]], skip_special_tokens=False)
