@@ -53,11 +53,12 @@ def appended_text(tokenizer: Any, closing: str, following: list[dict[str, Any]],
     return closing + after[len(before):]
 
 
-def sampled_assistant_message(action: str, tools: Sequence[dict] | None) -> dict[str, Any]:
+def sampled_assistant_message(action: str, tools: Sequence[dict] | None, parser: str = "hermes") -> dict[str, Any]:
     """The assistant message of `action` as sampled: in the tools format its tool calls parsed out
-    (hermes parser, no argument checks: the env decides what runs), else the text itself."""
+    (with the env's parser, `info["tool_parser"]`; no argument checks: the env decides what runs),
+    else the text itself."""
     if tools:
-        parsed = parse_tool_response(action, tools, max_chars=_UNBOUNDED, check_arguments=False)
+        parsed = parse_tool_response(action, tools, parser=parser, max_chars=_UNBOUNDED, check_arguments=False)
         if parsed.calls and parsed.error is None:
             return assistant_message(parsed.content, parsed.calls)
     return {"role": "assistant", "content": action}

@@ -120,6 +120,7 @@ class _Episode:
     context: list[int] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)  # the env's info["tools"] (tools format)
+    tool_parser: str = "hermes"  # the env's info["tool_parser"]
     turns: list[Turn] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     result: Trajectory | None = None
@@ -315,6 +316,7 @@ class VectorAgent:
             _, info = outcome
             episode.messages = [dict(m) for m in info["messages"]]
             episode.tools = list(info.get("tools") or [])
+            episode.tool_parser = info.get("tool_parser") or "hermes"
             episode.context = self.initial_context(episode.messages, episode.tools)
             if self._over_budget(episode):
                 self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True)
@@ -385,7 +387,7 @@ class VectorAgent:
             self.delta is None
             or messages[:done] != episode.messages
             or len(messages) <= done + 1
-            or messages[done] != sampled_assistant_message(action, episode.tools)
+            or messages[done] != sampled_assistant_message(action, episode.tools, episode.tool_parser)
             or not all(m.get("role") in ("user", "tool") for m in following)
         ):
             return None

@@ -6,8 +6,10 @@ chat-template style, `{"type": "function", "function": {...}}`), the agent rende
 its tokenizer's chat template (`apply_chat_template(tools=...)`), and the env reads the model's
 calls back out of the response text with a *tool-call parser* chosen by name:
 
-- "hermes" (the default): Qwen2.5 / Qwen3 / Hermes style,
+- "hermes" (the default; also "qwen"): Qwen2.5 / Qwen3 / Hermes style,
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number per response.
+- "json": hermes blocks, or a response that is only a JSON call object (or a list of them),
+  as small Qwen2.5-Coder models often write them.
 - Anything else a user registers with `register_tool_parser(name, parser)`: a parser is a function
   `text -> ParsedTools` that never raises.
 
@@ -122,29 +124,60 @@ def parse_hermes(text: str) -> ParsedTools:
             payload = loads_json(body)
         except ValueError as error:
             return ParsedTools(content="", error=f"tool call {len(calls) + 1} is not valid JSON ({error})")
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return ParsedTools(
-                content="", error=f'tool call {len(calls) + 1} must be a JSON object {{"name": ..., "arguments": {{...}}}}'
-            )
-        arguments = payload.get("arguments", {})
-        if isinstance(arguments, str):  # some models send the arguments as a JSON string
-            try:
-                arguments = loads_json(arguments) if arguments.strip() else {}
-            except ValueError as error:
-                return ParsedTools(content="", error=f"the arguments of tool call {len(calls) + 1} are not valid JSON ({error})")
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            return ParsedTools(content="", error=f'the "arguments" of tool call {len(calls) + 1} must be a JSON object')
-        calls.append(ToolCall(name=payload["name"], arguments=arguments))
+        call = _payload_call(payload, len(calls) + 1)
+        if isinstance(call, str):
+            return ParsedTools(content="", error=call)
+        calls.append(call)
     if _CALL_CLOSE in text[position:]:
         return ParsedTools(content="", error=f"a {_CALL_CLOSE} has no {_CALL_OPEN} before it")
     kept.append(text[position:])
     return ParsedTools(content="".join(kept).strip(), calls=tuple(calls))
 
 
+_FENCE = re.compile(r"^```(?:json)?[ \t]*\n?(.*?)\n?```$", re.DOTALL)
+
+
+def _payload_call(payload: Any, index: int) -> ToolCall | str:
+    """A `{"name": ..., "arguments": {...}}` object as a call, or why it is not one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return f'tool call {index} must be a JSON object {{"name": ..., "arguments": {{...}}}}'
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):  # some models send the arguments as a JSON string
+        try:
+            arguments = loads_json(arguments) if arguments.strip() else {}
+        except ValueError as error:
+            return f"the arguments of tool call {index} are not valid JSON ({error})"
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return f'the "arguments" of tool call {index} must be a JSON object'
+    return ToolCall(name=payload["name"], arguments=arguments)
+
+
+def parse_json_calls(text: str) -> ParsedTools:
+    """Hermes blocks, or a response that is only a JSON call object or a list of them (optionally in
+    a ```json fence): small Qwen2.5-Coder models often drop the `<tool_call>` tags."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    body = fenced.group(1).strip() if fenced else body
+    if not body.startswith(("{", "[")):
+        return parse_hermes(text)
+    try:
+        payload = loads_json(body)
+    except ValueError as error:
+        return ParsedTools(content="", error=f"the tool call is not valid JSON ({error})")
+    calls = []
+    for index, item in enumerate(payload if isinstance(payload, list) else [payload], start=1):
+        call = _payload_call(item, index)
+        if isinstance(call, str):
+            return ParsedTools(content="", error=call)
+        calls.append(call)
+    return ParsedTools(content="", calls=tuple(calls))
+
+
 register_tool_parser("hermes", parse_hermes)
 register_tool_parser("qwen", parse_hermes)
+register_tool_parser("json", parse_json_calls)
 
 
 def render_tool_calls(calls: Sequence[tuple[str, Mapping[str, Any]]], content: str = "") -> str:

@@ -114,9 +114,24 @@ def test_embedded_model_tool_rollouts_are_token_in_token_out(monkeypatch):
     model, tokenizer = load_model("embedded")
     with VectorAgent(BFCL, HFBackend(model, tokenizer), tokenizer, num_envs=2,
                      sampling=SamplingParams(max_new_tokens=96), max_context_tokens=8192,
-                     env_kwargs={**TOOLS, "max_turns": 2}) as agent:
+                     env_kwargs={**TOOLS, "max_turns": 2, "tool_parser": "json"}) as agent:
         batch = agent.collect(["multi_turn_base_0", "multi_turn_base_1"], group_size=1, seed=0)
     assert_token_in_token_out(model, tokenizer, batch)
     roles = [m["role"] for t in batch for m in t.info["messages"]]
     print("\nroles:", roles, "\nactions:", [a[:200] for t in batch for a in t.info["actions"]])
-    assert "tool" in roles  # the model called tools and their results came back as tool messages
+    # The model called tools (bare JSON: the 0.5B coder model drops the <tool_call> tags) and their
+    # results came back as tool messages.
+    assert "tool" in roles
+
+
+def test_bare_json_calls_with_the_json_parser_extend_the_context_with_a_scripted_backend_instead_of_a_model(tiny):
+    _, tokenizer = tiny
+    script = ['```json\n{"name": "ls", "arguments": {}}\n```', "Done."]
+    with VectorAgent(BFCL, ScriptBackend(tokenizer, script), tokenizer, num_envs=1, sampling=SamplingParams(max_new_tokens=64),
+                     env_kwargs={**TOOLS, "tool_parser": "json"}) as agent:
+        (trajectory,) = agent.collect(["multi_turn_base_1"], group_size=1, seed=0)
+    messages = trajectory.info["messages"]
+    assert [m["role"] for m in messages[2:4]] == ["assistant", "tool"]
+    first, second = trajectory.turns[:2]
+    prefix = first.context_ids + first.response_ids
+    assert second.context_ids[: len(prefix)] == prefix  # appended, though the template renders the call otherwise

@@ -144,3 +144,23 @@ def test_a_user_registered_parser_is_used_by_name_and_its_crash_is_an_error():
 def test_an_unknown_parser_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
         tool_parser("nope")
+
+
+@pytest.mark.parametrize(
+    "response, calls",
+    [
+        ('{"name": "ls", "arguments": {}}', (ToolCall("ls", {}),)),
+        ('```json\n[{"name": "ls"}, {"name": "move", "arguments": {"source": "a"}}]\n```',
+         (ToolCall("ls", {}), ToolCall("move", {"source": "a"}))),
+        (call({}, name="ls"), (ToolCall("ls", {}),)),
+        ("plain text", ()),
+    ],
+)
+def test_the_json_parser_reads_bare_json_calls_too(response, calls):
+    parsed = parse_tool_response(response, TOOLS, parser="json")
+    assert parsed.error is None and parsed.calls == calls
+
+
+def test_the_json_parser_refuses_malformed_json_objects():
+    assert "not valid JSON" in parse_tool_response('{"name": "ls", ', TOOLS, parser="json").error
+    assert "must be a JSON object" in parse_tool_response("[1]", TOOLS, parser="json").error

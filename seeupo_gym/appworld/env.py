@@ -420,6 +420,7 @@ class AppWorldEnv(gym.Env[str, str]):
             "turn": self._turn,
             "messages": [dict(message) for message in self._messages],
             "tools": list(TOOLS) if self.action_format == "tools" else [],
+            "tool_parser": self.tool_parser if self.action_format == "tools" else "",
             "success": success,
             "action_error": action_error or "",
             "tests": tests if tests is not None else _no_tests(),

@@ -321,6 +321,7 @@ class BFCLEnv(gym.Env[str, str]):
             "messages": [dict(message) for message in self._messages],
             # The tools of the system message in the tools format (JSON schemas for `apply_chat_template(tools=)`).
             "tools": list(self._tools),
+            "tool_parser": self.tool_parser if self.action_format == "tools" else "",
             "success": check.valid,
             "action_kind": action_kind,  # "calls", "turn_end", "error"; "" after reset
             "action_error": action_error,
