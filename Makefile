@@ -18,7 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,serve,ray]" torch==2.13.0
+	# serve, ray: seeupo-serve and Ray env workers; trl, skyrl: the adapters' tests run the real
+	# libraries (their pins agree with ours).
+	$(PIP) install -q -e ".[dev,serve,ray,trl,skyrl]" torch==2.13.0
 	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
 	# executor and checker need only the standard library and mpmath.
 	$(PIP) install -q --no-deps $(BFCL_EVAL)

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
+from seeupo_gym.agents.chat import appended_text, render_chat, sampled_assistant_message
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
@@ -88,10 +89,6 @@ class ChatDelta:
         return closing + self.user_prefix + content + self.user_suffix
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Tokenize rendered template text; its special tokens are written out in it, add none."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -123,6 +120,8 @@ class _Episode:
     reset_seed: int
     context: list[int] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the env's info["tools"] (tools format)
+    tool_parser: str = "hermes"  # the env's info["tool_parser"]
     turns: list[Turn] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     result: Trajectory | None = None
@@ -270,8 +269,8 @@ class VectorAgent:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def initial_context(self, messages: list[dict[str, Any]]) -> list[int]:
-        return encode(self.tokenizer, render_chat(self.tokenizer, messages, add_generation_prompt=True))
+    def initial_context(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        return encode(self.tokenizer, render_chat(self.tokenizer, messages, add_generation_prompt=True, tools=tools))
 
     def observation_delta(self, content: str, response_ids: Sequence[int], finish_reason: str) -> list[int]:
         """Tokens appended after a response for the env's reply `content` (one tokenization)."""
@@ -326,7 +325,9 @@ class VectorAgent:
                 continue
             _, info = outcome
             episode.messages = [dict(m) for m in info["messages"]]
-            context = self._encode_or_end(episode, lambda: self.initial_context(episode.messages))
+            episode.tools = list(info.get("tools") or [])
+            episode.tool_parser = info.get("tool_parser") or "hermes"
+            context = self._encode_or_end(episode, lambda: self.initial_context(episode.messages, episode.tools))
             if context is None:
                 continue
             episode.context = context
@@ -376,23 +377,10 @@ class VectorAgent:
                 info=info,
             )
             return True
-        reply = messages[-1]["content"] if messages and messages[-1].get("role") == "user" else str(observation)
-        expected = episode.messages + [
-            {"role": "assistant", "content": action},
-            {"role": "user", "content": reply},
-        ]
-        if self.delta is not None and messages == expected:
-            delta = self._encode_or_end(
-                episode, lambda: self.observation_delta(reply, completion.token_ids, completion.finish_reason), info)
-            if delta is None:
-                return True
-            episode.context = episode.context + list(completion.token_ids) + delta
-        else:
-            # The env's history is not the conversation as sampled (or rebuild was asked for).
-            context = self._encode_or_end(episode, lambda: self.initial_context(messages), info)
-            if context is None:
-                return True
-            episode.context = context
+        context = self._encode_or_end(episode, lambda: self._next_context(episode, completion, action, messages), info)
+        if context is None:
+            return True
+        episode.context = context
         episode.messages = messages
         if self._over_budget(episode):
             self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True, info=info)
@@ -411,6 +399,41 @@ class VectorAgent:
             logger.warning("ending an episode of task %s: its env's text cannot be tokenized (%s)",
                            episode.task_id, error)
             self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, info=info, error=error)
+            return None
+
+    def _next_context(
+        self, episode: _Episode, completion: Completion, action: str, messages: list[dict[str, Any]]
+    ) -> list[int]:
+        """The episode's context after `completion`: the sampled tokens plus the env's new messages,
+        or rebuilt from `messages` when the env's history is not the conversation as sampled."""
+        delta = self._appended_ids(episode, completion, action, messages)
+        if delta is None:
+            return self.initial_context(messages, episode.tools)
+        return episode.context + list(completion.token_ids) + delta
+
+    def _appended_ids(
+        self, episode: _Episode, completion: Completion, action: str, messages: list[dict[str, Any]]
+    ) -> list[int] | None:
+        """The tokens after the sampled response for the env's new messages (user or tool), or None
+        when the env's history is not the conversation as sampled plus those messages."""
+        done = len(episode.messages)
+        following = messages[done + 1 :]
+        if (
+            self.delta is None
+            or messages[:done] != episode.messages
+            or len(messages) <= done + 1
+            or messages[done] != sampled_assistant_message(action, episode.tools, episode.tool_parser)
+            or not all(m.get("role") in ("user", "tool") for m in following)
+        ):
+            return None
+        if len(following) == 1 and following[0]["role"] == "user":  # ReAct: the precomputed delta
+            return self.observation_delta(following[0]["content"], completion.token_ids, completion.finish_reason)
+        closed_by = ""
+        if completion.finish_reason == FINISH_STOP and completion.token_ids and completion.token_ids[-1] in self.stop_token_ids:
+            closed_by = self.tokenizer.decode([completion.token_ids[-1]], skip_special_tokens=False)
+        try:
+            return encode(self.tokenizer, appended_text(self.tokenizer, self.delta.closing, following, closed_by=closed_by))
+        except ValueError:
             return None
 
     def _over_budget(self, episode: _Episode) -> bool:

@@ -16,6 +16,14 @@ security boundary: the sandbox is). Code that fails gets AppWorld's own tracebac
 outruns the time limit in a way AppWorld cannot stop (a long C loop), or that kills its own
 process, ends the episode with reward 0 and the reason in `info["termination_reason"]`.
 
+With `action_format="tools"` (native tool calling) the env publishes one tool,
+`execute_python(code)` (`TOOLS`, in `info["tools"]` for the chat template's `tools=`), and a
+response acts by calling it exactly once (`<tool_call>{json}</tool_call>` with the default
+"hermes" parser of `seeupo_gym.tools`); the code runs as a code block would, under the same guard,
+and what it printed comes back as a `tool` message. A response without that call is an error
+observation and counts as a turn. One tool running code keeps AppWorld's own interface (its
+`apis` object, its docs APIs) instead of flattening its hundreds of APIs into tool schemas.
+
 `info` keys keep one type in every step (vector envs merge them per key): `tests` is always
 a dict (zeros until the episode is scored), `action_error` and `termination_reason` are
 strings ("" for none), `server_pid` an int (0 for none).
@@ -25,6 +33,7 @@ This module imports nothing of `appworld`: the caller's clock never freezes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -39,6 +48,35 @@ from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 from seeupo_gym.text import bounded
+from seeupo_gym.tools import (
+    ParsedTools,
+    assistant_message,
+    function_schema,
+    parse_tool_response,
+    render_tool_calls,
+    tool_message,
+)
+from seeupo_gym.tools import tool_parser as find_tool_parser
+
+ACTION_FORMATS = ("react", "tools")
+TOOL_NAME = "execute_python"
+TOOLS = [
+    function_schema(
+        TOOL_NAME,
+        "Run Python code in the task's persistent session (variables survive between calls) and return what "
+        "it printed. The `apis` object reaches every app: apis.<app_name>.<api_name>(**parameters).",
+        {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+            "required": ["code"],
+        },
+    )
+]
+TOOLS_ACTION_FORMAT = (
+    f"Act by calling the `{TOOL_NAME}` tool exactly once per response, with the Python code to run. It runs in a "
+    "persistent Python session (variables survive between turns); what it prints comes back to you as the tool's "
+    "result. Work in small steps and look at each result before you go on."
+)
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -81,6 +119,11 @@ def render_action(code: str, thought: str = "") -> str:
     return ReActTemplate.render(f"```python\n{code.strip()}\n```", thought=thought)
 
 
+def render_tool_action(code: str, thought: str = "") -> str:
+    """A tools-format response that runs `code` through the `execute_python` tool."""
+    return ReActTemplate.render(render_tool_calls([(TOOL_NAME, {"code": code.strip()})]), thought=thought)
+
+
 def extract_code(response: str, template: ReActTemplate) -> tuple[str | None, str | None]:
     """(code, None) for a well-formed response, else (None, why not)."""
     parsed = template.parse(response)
@@ -89,7 +132,22 @@ def extract_code(response: str, template: ReActTemplate) -> tuple[str | None, st
     match = _CODE_BLOCK.search(parsed.action)
     if match is None:
         return None, "your response has no ```python code block"
-    code = match.group(1).strip()
+    return checked_code(match.group(1))
+
+
+def extract_tool_code(parsed: ParsedTools) -> tuple[str | None, str | None]:
+    """(code, None) for a tools-format response that calls `execute_python` once, else (None, why not)."""
+    if parsed.error:
+        return None, parsed.error
+    if not parsed.calls:
+        return None, f"your response calls no tool; call `{TOOL_NAME}` with the code to run"
+    if len(parsed.calls) > 1:
+        return None, f"your response calls {len(parsed.calls)} tools; call `{TOOL_NAME}` exactly once per response"
+    return checked_code(parsed.calls[0].arguments["code"])
+
+
+def checked_code(code: str) -> tuple[str | None, str | None]:
+    code = code.strip()
     if not code:
         return None, "your code block is empty"
     if "\x00" in code:
@@ -121,6 +179,9 @@ class AppWorldEnv(gym.Env[str, str]):
         response_grace_s: extra seconds the env waits beyond `timeout_seconds` before it
             declares the server stuck and kills it.
         keep_think / template: as in the other envs (`seeupo_gym.templates`).
+        action_format: "react" (a ```python block after `<think>`, the default) or "tools" (the
+            `execute_python` tool, see the module docstring).
+        tool_parser: with "tools", the registered parser that reads the call (see `seeupo_gym.tools`).
         max_action_chars: longer responses are refused (error observation).
         max_output_chars: longer execution outputs are cut, with a note.
         startup_timeout: seconds to wait for a server to come up.
@@ -151,6 +212,8 @@ class AppWorldEnv(gym.Env[str, str]):
         recycle_after: int = 300,
         sandbox: str = "bwrap",
         limits: SandboxLimits | None = None,
+        action_format: str = "react",
+        tool_parser: str = "hermes",
     ) -> None:
         if split != MINI_SPLIT and split not in OFFICIAL_SPLITS:
             raise ValueError(f"split must be {MINI_SPLIT!r} or one of {list(OFFICIAL_SPLITS)}, got {split!r}")
@@ -158,6 +221,11 @@ class AppWorldEnv(gym.Env[str, str]):
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         if timeout_seconds < 1:
             raise ValueError(f"timeout_seconds must be at least 1, got {timeout_seconds}")
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
+        find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
+        self.action_format = action_format
+        self.tool_parser = tool_parser
         self.split = split
         self.max_turns = max_turns
         self.timeout_seconds = int(timeout_seconds)
@@ -203,34 +271,48 @@ class AppWorldEnv(gym.Env[str, str]):
         self._completion_named = False
         self._turn = 0
         self._done = False
+        tools = self.action_format == "tools"
         system = self.template.system_prompt(
-            role=ROLE, protocol=PROTOCOL.format(max_turns=self.max_turns), action_format=ACTION_FORMAT
+            role=ROLE, protocol=PROTOCOL.format(max_turns=self.max_turns),
+            action_format=TOOLS_ACTION_FORMAT if tools else ACTION_FORMAT,
         )
+        shown = system + "\n\n# Tools\n" + json.dumps(TOOLS[0]) if tools else system
         supervisor = task["supervisor"]
         first = FIRST_MESSAGE.format(instruction=task["instruction"], **supervisor)
         self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
-        return system + "\n\n" + first, self._info(success=False)
+        return shown + "\n\n" + first, self._info(success=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done or self._server is None or self._task_id is None:
             raise RuntimeError("the episode is over (or never started): call reset() first")
         self._turn += 1
         text = action if isinstance(action, str) else repr(action)
+        parsed = ParsedTools(content="")
         if not isinstance(action, str):
             code, error = None, f"the action must be a string, got {type(action).__name__}"
         elif len(text) > self.max_action_chars:
             code, error = None, f"your response has {len(text)} characters, over the limit of {self.max_action_chars}"
+        elif self.action_format == "tools":
+            parsed = parse_tool_response(action, TOOLS, parser=self.tool_parser, template=self.template,
+                                         max_chars=self.max_action_chars)
+            code, error = extract_tool_code(parsed)
         else:
             code, error = extract_code(action, self.template)
         if len(text) > self.max_action_chars:
             text = text[: self.max_action_chars] + f"\n... [response cut: {len(text)} characters in all]"
-        self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
+        as_tool = self.action_format == "tools" and code is not None
+        if as_tool:
+            self._messages.append(assistant_message(self.template.history_content(parsed.content), parsed.calls))
+        else:
+            self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
 
         reward, terminated, success = 0.0, False, False
         report: dict[str, Any] | None = None
         tests = _no_tests()
         termination_reason = ""
-        if code is None:
+        if code is None and self.action_format == "tools":
+            observation = f"Error: {error}. Nothing was run. Call `{TOOL_NAME}` once with the code to run."
+        elif code is None:
             observation = f"Error: {error}. Nothing was run. Write one ```python code block after your </think>."
         else:
             try:
@@ -256,7 +338,9 @@ class AppWorldEnv(gym.Env[str, str]):
         if (terminated or truncated) and not termination_reason:
             reward, success, tests, termination_reason = self._evaluate(terminated, report)
         self._done = terminated or truncated
-        if not self._done:
+        if not self._done and as_tool:
+            self._messages.append(tool_message(TOOL_NAME, observation))
+        elif not self._done:
             self._messages.append({"role": "user", "content": observation})
         info = self._info(success=success, action_error=error, tests=tests, termination_reason=termination_reason)
         return observation, reward, terminated, truncated, info
@@ -352,6 +436,8 @@ class AppWorldEnv(gym.Env[str, str]):
             "task_id": self._task_id,
             "turn": self._turn,
             "messages": [dict(message) for message in self._messages],
+            "tools": list(TOOLS) if self.action_format == "tools" else [],
+            "tool_parser": self.tool_parser if self.action_format == "tools" else "",
             "success": success,
             "action_error": action_error or "",
             "tests": tests if tests is not None else _no_tests(),

@@ -18,23 +18,36 @@ Episode = one BFCL entry; one step = one model response.
   `backend.ARGUMENT_BOUNDS`), which makes each call cheap; a response's calls start only within
   `call_seconds_per_step` of wall time, the rest are reported as not run. The checker replays
   only the calls that ran, so its cost is bounded by theirs.
+- `action_format="tools"`: native tool calling instead of the ReAct call list. The entry's
+  functions are published as JSON schemas (`info["tools"]`, fixed for the episode; the system
+  message leaves them to the chat template's `tools=`), the response's tool calls are read by a
+  parser from `seeupo_gym.tools` (`tool_parser`, default "hermes": `<tool_call>{json}</tool_call>`)
+  and checked (known function, bounded values; names and types are left to the backend, as in
+  BFCL), and each result comes back as a `tool` message. A response
+  without a tool call ends the user turn; miss_func's reveals list the new schemas in the user
+  message. Scoring is the same checker on the same calls.
 - Every `info` key has one type at reset and in every step ("" / [] / {} when there is nothing
   to say), because vector envs batch `info` per key.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import gymnasium as gym
 
 from seeupo_gym.bfcl.backend import CheckResult, EpisodeBackend, check_episode
-from seeupo_gym.bfcl.calls import ActionError, Call, DecodedResponse, decode_response
+from seeupo_gym.bfcl.calls import MAX_INT_DIGITS, ActionError, Call, DecodedResponse, decode_response, parse_call_list
 from seeupo_gym.bfcl.data import CATEGORIES, SPLITS, Entry, FunctionDoc, function_docs, get_entry, task_ids
-from seeupo_gym.bfcl.prompt import reveal_message, system_prompt
+from seeupo_gym.bfcl.prompt import reveal_message, system_prompt, tool_schema, tools_reveal_message, tools_system_prompt
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.tools import ParsedTools, assistant_message, parse_tool_response, render_tool_calls, tool_message
+from seeupo_gym.tools import tool_parser as find_tool_parser
+
+ACTION_FORMATS = ("react", "tools")
 
 FINAL_OBSERVATION = "The conversation is over."
 
@@ -52,6 +65,8 @@ class BFCLEnv(gym.Env[str, str]):
         max_observation_chars: longer observations are cut, with a note saying how much.
         max_calls_per_response: a response with more calls is refused.
         call_seconds_per_step: wall time in which a response's calls may start; later ones do not run.
+        action_format: "react" (the call list after `<think>`, the default) or "tools" (native tool calls).
+        tool_parser: with "tools", the registered parser that reads the calls (see `seeupo_gym.tools`).
     """
 
     metadata = {"render_modes": []}
@@ -67,6 +82,8 @@ class BFCLEnv(gym.Env[str, str]):
         max_observation_chars: int = 200_000,
         max_calls_per_response: int = 64,
         call_seconds_per_step: float = 5.0,
+        action_format: str = "react",
+        tool_parser: str = "hermes",
     ) -> None:
         chosen = (categories,) if isinstance(categories, str) else tuple(categories)
         unknown = [category for category in chosen if category not in CATEGORIES]
@@ -78,6 +95,11 @@ class BFCLEnv(gym.Env[str, str]):
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         if not call_seconds_per_step >= 0:
             raise ValueError(f"call_seconds_per_step must be >= 0, got {call_seconds_per_step}")
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
+        find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
+        self.action_format = action_format
+        self.tool_parser = tool_parser
         self.categories = chosen
         self.split = split
         self.max_turns = max_turns
@@ -92,6 +114,8 @@ class BFCLEnv(gym.Env[str, str]):
 
         self._order: list[str] = []
         self._entry: Entry | None = None
+        self._tools: list[dict[str, Any]] = []
+        self._callable_tools: list[dict[str, Any]] = []
         self._backend: EpisodeBackend | None = None
         self._done = True
 
@@ -120,10 +144,21 @@ class BFCLEnv(gym.Env[str, str]):
             for doc in function_docs()[class_name]
             if doc.name not in held_back
         }
-        system = system_prompt(self.template, self._visible.values(), self.max_turns)
+        self._tools: list[dict[str, Any]] = []
+        self._callable_tools: list[dict[str, Any]] = []
+        if self.action_format == "tools":
+            self._tools = [tool_schema(doc) for doc in self._visible.values()]
+            # Held-back functions are callable early, as in the react format (see `_checked`).
+            self._callable_tools = [
+                tool_schema(doc) for class_name in entry.involved_classes for doc in function_docs()[class_name]
+            ]
+            system = tools_system_prompt(self.template, self.max_turns)
+            shown = system + "\n\n# Tools\n" + "\n".join(json.dumps(tool) for tool in self._tools)
+        else:
+            system = shown = system_prompt(self.template, self._visible.values(), self.max_turns)
         first = self._open_user_turn()
         self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
-        return self._clip(system + "\n\n" + first), self._info()
+        return self._clip(shown + "\n\n" + first), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._entry is None or self._backend is None or self._done:
@@ -132,13 +167,28 @@ class BFCLEnv(gym.Env[str, str]):
         self._turn += 1
         # Not repr(action): an arbitrary object's repr may be huge or raise.
         text = action if isinstance(action, str) else f"<not a string: {type(action).__name__}>"
-        self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
-
-        decoded = decode_response(
-            action, self.template, max_chars=self.max_action_chars, max_calls=self.max_calls_per_response
-        )
+        parsed: ParsedTools | None = None
+        if self.action_format == "tools":
+            parsed = parse_tool_response(
+                action, self._callable_tools, parser=self.tool_parser, template=self.template,
+                max_chars=self.max_action_chars, max_calls=self.max_calls_per_response, max_int_digits=MAX_INT_DIGITS,
+                # As in BFCL (and the react format), argument names and types go to the backend as
+                # written and its own error comes back: the ground truth itself passes a string
+                # ticket_id to an integer parameter, and the checker compares against that.
+                check_arguments=False,
+            )
+            decoded = _decoded_tools(parsed)
+        else:
+            decoded = decode_response(
+                action, self.template, max_chars=self.max_action_chars, max_calls=self.max_calls_per_response
+            )
         if decoded.kind == "calls":
             decoded = self._checked(decoded, backend)
+        if parsed is not None and decoded.kind == "calls":
+            content = self.template.history_content(self._clip_action(parsed.content))
+            self._messages.append(assistant_message(content, parsed.calls))
+        else:
+            self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
 
         terminated = False
         reward = 0.0
@@ -150,6 +200,11 @@ class BFCLEnv(gym.Env[str, str]):
             executed = [call.source for call in decoded.calls[: len(results)]]
             self._calls_per_turn[self._user_turn].append(executed)
             observation = _results_observation(decoded.calls, results, backend.stop_reason)
+            if parsed is not None:
+                tool_messages = [
+                    tool_message(call.name, self._clip(results[index] if index < len(results) else f"not run: {backend.stop_reason}"))
+                    for index, call in enumerate(decoded.calls)
+                ]
             if len(results) < len(decoded.calls):
                 action_error = (
                     f"{len(decoded.calls) - len(results)} of {len(decoded.calls)} calls did not run: {backend.stop_reason}"
@@ -163,6 +218,11 @@ class BFCLEnv(gym.Env[str, str]):
                 observation = FINAL_OBSERVATION
             else:
                 observation = self._open_user_turn()
+        elif parsed is not None:
+            observation = (
+                f"Error: {decoded.error}. Nothing was run and your turn goes on. Call the functions with the "
+                "tool-calling format, or reply in plain text with no tool call to end your turn."
+            )
         else:
             observation = (
                 f"Error: {decoded.error}. Nothing was run and your turn goes on. Write a call list like "
@@ -178,7 +238,9 @@ class BFCLEnv(gym.Env[str, str]):
             )
         self._done = terminated or truncated
         observation = self._clip(observation)
-        if not terminated:
+        if not terminated and parsed is not None and decoded.kind == "calls":
+            self._messages.extend(tool_messages)
+        elif not terminated:
             self._messages.append({"role": "user", "content": observation})
         info = self._info(decoded.kind, action_error, executed, check)
         return observation, reward, terminated, truncated, info
@@ -210,7 +272,7 @@ class BFCLEnv(gym.Env[str, str]):
             docs = {doc.name: doc for class_name in entry.involved_classes for doc in function_docs()[class_name]}
             new_docs = [docs[name] for name in revealed if name in docs]
             self._visible.update((doc.name, doc) for doc in new_docs)
-            message = reveal_message(new_docs)
+            message = tools_reveal_message(new_docs) if self.action_format == "tools" else reveal_message(new_docs)
             user_text = entry.user_messages[self._user_turn]
             return f"{message}\n\n{user_text}" if user_text else message
         return entry.user_messages[self._user_turn]
@@ -256,6 +318,9 @@ class BFCLEnv(gym.Env[str, str]):
             "user_turn": self._user_turn,
             "num_user_turns": entry.num_user_turns,
             "messages": [dict(message) for message in self._messages],
+            # The tools of the system message in the tools format (JSON schemas for `apply_chat_template(tools=)`).
+            "tools": list(self._tools),
+            "tool_parser": self.tool_parser if self.action_format == "tools" else "",
             "success": check.valid,
             "action_kind": action_kind,  # "calls", "turn_end", "error"; "" after reset
             "action_error": action_error,
@@ -266,6 +331,38 @@ class BFCLEnv(gym.Env[str, str]):
             "error_message": check.error_message or "",
             "check_details": dict(check.details),
         }
+
+
+def _decoded_tools(parsed: ParsedTools) -> DecodedResponse:
+    """A tools-format response as the react decoder would classify it: the same `Call`s (JSON
+    arguments as keyword arguments), so execution and scoring are shared."""
+    if parsed.error:
+        return DecodedResponse("error", error=parsed.error, thought=parsed.thought)
+    if not parsed.calls:
+        return DecodedResponse("turn_end", text=parsed.content, thought=parsed.thought)
+    calls = tuple(Call(name=call.name, kwargs=tuple(call.arguments.items())) for call in parsed.calls)
+    return DecodedResponse("calls", calls=calls, thought=parsed.thought)
+
+
+def render_tool_action(calls: Sequence[str], thought: str = "") -> str:
+    """A tools-format response (hermes `<tool_call>` blocks) making these BFCL calls, e.g.
+    render_tool_action(["cd(folder='docs')", "ls()"]); positional arguments get their parameter
+    names from BFCL's function docs. For scripted agents, tests and SFT data."""
+    if not calls:
+        raise ValueError("render_tool_action needs at least one call; a turn ends with plain text")
+    docs = {doc.name: doc for class_docs in function_docs().values() for doc in class_docs}
+    named = []
+    for call in parse_call_list("[" + ", ".join(call.strip() for call in calls) + "]", max_calls=max(64, len(calls))):
+        doc = docs.get(call.name)
+        if call.args and doc is None:
+            raise ValueError(f"{call.name} is not a BFCL function, so its positional arguments have no names")
+        names = list(doc.parameters.get("properties", {})) if doc is not None else []
+        if len(call.args) > len(names):
+            raise ValueError(f"{call.name} takes {len(names)} parameters, got {len(call.args)} positional arguments")
+        arguments = dict(zip(names, call.args))
+        arguments.update(call.kwargs)
+        named.append((call.name, arguments))
+    return ReActTemplate.render(render_tool_calls(named), thought=thought)
 
 
 def _results_observation(calls: Sequence[Call], results: Sequence[str], stop_reason: str = "") -> str:

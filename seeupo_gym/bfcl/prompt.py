@@ -1,12 +1,14 @@
 """The BFCL system prompt: task protocol, action format and the entry's function docs.
 
-BFCL documents functions in a JSON-schema dialect whose object type is called "dict". The
-docs are shown here as Python signatures (the action format is Python calls), grouped by
-backend, with the backend's shared blurb once instead of in every description.
+BFCL documents functions in a JSON-schema dialect whose object type is called "dict". In the
+ReAct format the docs are shown as Python signatures (the action format is Python calls), grouped
+by backend, with the backend's shared blurb once instead of in every description. In the tools
+format they are JSON schemas for the chat template (`tool_schema`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable, Mapping
 
 from seeupo_gym.bfcl.data import FunctionDoc
@@ -123,3 +125,54 @@ def reveal_message(docs: Iterable[FunctionDoc]) -> str:
         + render_functions(docs)
         + "\n\nCan you do what I asked now?"
     )
+
+
+# ---------------------------------------------------------------- the tools format (native tool calling)
+
+# BFCL's schema dialect -> JSON Schema: its "dict" is JSON's "object", "float" is "number",
+# "tuple" an array; "any" has no JSON type (left unchecked).
+_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+
+TOOLS_ACTION_FORMAT = (
+    "After </think>, either call functions with the tool-calling format (one or more tool calls; they run in "
+    "order and their results come back to you), or reply to the user in plain text with no tool call, which "
+    "ends your turn. Call only the functions you are given, with literal argument values."
+)
+
+
+def json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A BFCL parameter schema in JSON Schema terms (recursively: items and properties)."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type":
+            if value == "any":
+                continue
+            out[key] = _JSON_TYPES.get(value, value)
+        elif key == "properties" and isinstance(value, Mapping):
+            out[key] = {name: json_schema(sub) for name, sub in value.items()}
+        elif key == "items" and isinstance(value, Mapping):
+            out[key] = json_schema(value)
+        else:
+            out[key] = value
+    return out
+
+
+def tool_schema(doc: FunctionDoc) -> dict[str, Any]:
+    """One BFCL function as a chat-template tool: its own description (the backend's blurb first)."""
+    blurb, own = _blurb(doc), _own_description(doc)
+    description = f"{own} ({doc.class_name}: {blurb})" if blurb else own
+    parameters = json_schema(doc.parameters) if doc.parameters else {"type": "object", "properties": {}}
+    parameters.setdefault("type", "object")
+    parameters.setdefault("properties", {})
+    return {"type": "function", "function": {"name": doc.name, "description": description, "parameters": parameters}}
+
+
+def tools_system_prompt(template: ReActTemplate, max_turns: int) -> str:
+    """The system prompt of the tools format: the tools themselves go to the chat template."""
+    return template.system_prompt(role=ROLE, protocol=protocol(max_turns), action_format=TOOLS_ACTION_FORMAT)
+
+
+def tools_reveal_message(docs: Iterable[FunctionDoc]) -> str:
+    """miss_func's reveal in the tools format: the new functions' schemas, one JSON per line."""
+    schemas = "\n".join(json.dumps(tool_schema(doc)) for doc in docs)
+    return f"I have added more functions you can call:\n<tools>\n{schemas}\n</tools>\n\nCan you do what I asked now?"

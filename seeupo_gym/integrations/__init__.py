@@ -1,1 +1,1 @@
-"""The run layer's edges to other trainers and protocols (OpenEnv server, trainer adapters)."""
+"""The run layer's edges to other trainers and protocols: the OpenEnv server, TRL and SkyRL adapters."""

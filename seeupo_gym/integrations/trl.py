@@ -1,0 +1,279 @@
+"""Our envs as TRL `GRPOTrainer(environment_factory=...)` environments.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from seeupo_gym.integrations.trl import make
+
+    environment_factory, train_dataset = make("seeupo/TurnBandit-v0", variant="follow")
+    trainer = GRPOTrainer(model=..., args=GRPOConfig(...), train_dataset=train_dataset,
+                          environment_factory=environment_factory)
+
+TRL's contract (trl 1.16): an environment is an object with `reset(**row)` (its returned text is
+appended to the row's last prompt message), public methods with type hints and a Google-style
+docstring (the tools, rendered by `transformers.utils.get_json_schema` and called with the
+model's arguments) and `get_reward()`, called once when the rollout ends. TRL lists the tools on
+the *class*, so tools are fixed per class: BFCL gets one class per combination of BFCL backends
+(the factory is then a dict, and each dataset row names its `environment`).
+
+Each tool call is one step of the wrapped Gymnasium env (and counts toward its `max_turns`):
+- TurnBandit: `answer(label)` chooses the option of the current step.
+- BFCL (`action_format="tools"`): one method per function of the entry's backends, plus
+  `end_turn(reply)`, which ends the current user turn with a plain-text reply and returns the
+  user's next message (BFCL's later user turns arrive as that tool's result, not as user messages).
+- AppWorld (`action_format="tools"`): `execute_python(code)`.
+`get_reward()` returns the env's final score: when the rollout stops before the episode ends,
+the remaining user turns are ended with an empty reply (BFCL) or the episode is run out to
+`max_turns` with no action (AppWorld, TurnBandit), and the env scores what was done.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+import seeupo_gym  # noqa: F401  (registers the ids)
+
+_TURN_END = "Done."  # a plain-text reply: ends a BFCL user turn without calls
+
+
+class _SeeupoEnvironment:
+    """What every adapter shares: one Gymnasium env, stepped once per tool call."""
+
+    env_id: str = ""
+    env_kwargs: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self._env = gym.make(self.env_id, **self.env_kwargs)
+        self._reward = 0.0
+        self._done = True
+        self.steps: list[str] = []  # the actions sent to the env this episode, for audits and tests
+        self.task_id = ""
+
+    def reset(self, task_id: str, **row: Any) -> str:
+        _, info = self._env.reset(options={"task_id": task_id})
+        self._reward, self._done, self.steps, self.task_id = 0.0, False, [], task_id
+        return _first_user_message(info)
+
+    def get_reward(self) -> float:
+        while not self._done:
+            self._step(self._closing_action())
+        return self._reward
+
+    # -------------------------------------------------------------- helpers (not tools: private)
+
+    def _closing_action(self) -> str:
+        return ""  # an action that does nothing (an error observation) and uses up a turn
+
+    def _step(self, action: str) -> tuple[str, dict[str, Any]]:
+        if self._done:
+            return "The episode is over.", {}
+        self.steps.append(action)
+        observation, reward, terminated, truncated, info = self._env.step(action)
+        self._done = terminated or truncated
+        if self._done:
+            self._reward = float(reward)
+        return observation, info
+
+    def _tool_result(self, action: str) -> str:
+        """Step the env; the result is the env's tool message when it sent one, else its observation."""
+        observation, info = self._step(action)
+        messages = info.get("messages") or []
+        if messages and messages[-1].get("role") == "tool" and not info.get("action_error"):
+            return str(messages[-1]["content"])
+        return observation
+
+    def _close(self) -> None:  # private: every public method would become a tool
+        self._env.close()
+
+
+def _first_user_message(info: dict[str, Any]) -> str:
+    return next(m["content"] for m in info["messages"] if m["role"] == "user")
+
+
+# ------------------------------------------------------------------------------------ TurnBandit
+
+
+class TurnBanditEnvironment(_SeeupoEnvironment):
+    env_id = "seeupo/TurnBandit-v0"
+
+    def answer(self, label: str) -> str:
+        """Choose one option of the current step.
+
+        Args:
+            label: The letter of the option, for example B.
+        """
+        return self._step(label if isinstance(label, str) else str(label))[0]
+
+
+TURNBANDIT_SYSTEM = (
+    "You are playing TurnBandit, a game of a few steps. Each step lists options labelled A, B, ...; choose one "
+    "per step by calling the `answer` tool with its letter. A single team reward between 0 and 1 is revealed "
+    "after the last step."
+)
+
+
+# ------------------------------------------------------------------------------------------ BFCL
+
+_PYTHON_TYPES = {"string": str, "integer": int, "float": float, "number": float, "boolean": bool, "dict": dict}
+
+
+def _python_type(schema: dict[str, Any]) -> Any:
+    kind = schema.get("type")
+    if kind in ("array", "tuple"):
+        item = _python_type(schema.get("items") or {})
+        return list[item] if item is not Any else list
+    return _PYTHON_TYPES.get(kind, Any)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _bfcl_tool(doc: Any) -> Callable[..., str]:
+    """A method named after a BFCL function, with its parameters as typed keyword arguments and a
+    docstring in the format `get_json_schema` reads; a call runs it through the env."""
+    from seeupo_gym.tools import render_tool_calls
+
+    name = doc.name
+    properties = doc.parameters.get("properties", {})
+    required = set(doc.parameters.get("required", ()))
+
+    def tool(self: _SeeupoEnvironment, **arguments: Any) -> str:
+        return self._tool_result(render_tool_calls([(name, arguments)]))
+
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    lines = [_one_line(doc.description) or name, "", "Args:"] if properties else [_one_line(doc.description) or name]
+    for parameter, schema in properties.items():
+        hint = _python_type(schema)
+        default = inspect.Parameter.empty if parameter in required else schema.get("default")
+        if default is not inspect.Parameter.empty:
+            hint = hint | None if hint is not Any else Any
+        annotations[parameter] = hint
+        parameters.append(inspect.Parameter(parameter, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
+        lines.append(f"    {parameter}: {_one_line(schema.get('description', '')) or parameter}")
+    annotations["return"] = str
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = "\n".join(lines)
+    tool.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
+    tool.__annotations__ = annotations
+    return tool
+
+
+class BFCLEnvironment(_SeeupoEnvironment):
+    """Base of the per-backend-combination classes `bfcl_environment_class` builds."""
+
+    env_id = "seeupo/BFCL-v4-v0"
+
+    def end_turn(self, reply: str) -> str:
+        """Reply to the user in plain text, which ends your turn; returns the user's next message.
+
+        Args:
+            reply: Your answer to the user.
+        """
+        return self._step(reply if isinstance(reply, str) and reply.strip() else _TURN_END)[0]
+
+    def _closing_action(self) -> str:
+        return _TURN_END
+
+
+def bfcl_environment_class(classes: tuple[str, ...], env_kwargs: dict[str, Any]) -> type[BFCLEnvironment]:
+    """The environment class whose tools are the functions of these BFCL backends."""
+    from seeupo_gym.bfcl.data import function_docs
+
+    methods = {doc.name: _bfcl_tool(doc) for class_name in classes for doc in function_docs()[class_name]}
+    kwargs = {"split": "all", **env_kwargs, "action_format": "tools"}
+    return type(f"BFCL_{'_'.join(classes)}", (BFCLEnvironment,), {**methods, "env_kwargs": kwargs})
+
+
+def bfcl_environment_name(classes: tuple[str, ...]) -> str:
+    return "+".join(sorted(classes))
+
+
+BFCL_TRL_NOTE = (
+    "\n\nIn this conversation, the user's later requests come back as the result of the `end_turn` tool: call "
+    "`end_turn` with your reply when a request is done."
+)
+
+
+# -------------------------------------------------------------------------------------- AppWorld
+
+
+class AppWorldEnvironment(_SeeupoEnvironment):
+    env_id = "seeupo/AppWorld-v0"
+
+    def execute_python(self, code: str) -> str:
+        """Run Python code in the task's persistent session and return what it printed. The `apis` object reaches every app: apis.<app_name>.<api_name>(**parameters).
+
+        Args:
+            code: The Python code to run.
+        """
+        from seeupo_gym.appworld.env import render_tool_action
+
+        return self._tool_result(render_tool_action(code) if isinstance(code, str) else str(code))
+
+
+# -------------------------------------------------------------------------------------------- make
+
+
+def make(env_id: str, task_ids: list[str] | None = None, **env_kwargs: Any) -> tuple[Any, Any]:
+    """`(environment_factory, train_dataset)` for `GRPOTrainer`.
+
+    env_id: "seeupo/TurnBandit-v0", "seeupo/BFCL-v4-v0" (or a category id) or "seeupo/AppWorld-v0".
+    task_ids: the tasks of the dataset (default: the env's own task list / split).
+    env_kwargs: passed to `gym.make` (BFCL and AppWorld always run in the tools format).
+    Each dataset row holds `prompt` (the system message and an empty user message, which `reset`
+    fills with the task's first message) and `task_id`; BFCL rows also hold `environment`.
+    """
+    from datasets import Dataset
+
+    def rows(ids: list[str], system: str, **extra: Any) -> list[dict[str, Any]]:
+        prompt = [{"role": "system", "content": system}, {"role": "user", "content": ""}]
+        return [{"prompt": prompt, "task_id": task_id, **extra} for task_id in ids]
+
+    if env_id == "seeupo/TurnBandit-v0":
+        cls = type("TurnBanditEnvironment", (TurnBanditEnvironment,), {"env_kwargs": dict(env_kwargs)})
+        probe = gym.make(env_id, **env_kwargs).unwrapped
+        ids = list(task_ids) if task_ids is not None else list(probe.task_ids)
+        return cls, Dataset.from_list(rows(ids, TURNBANDIT_SYSTEM))
+
+    if env_id.startswith("seeupo/BFCL-v4"):
+        from seeupo_gym.bfcl.data import get_entry
+        from seeupo_gym.bfcl.prompt import tools_system_prompt
+        from seeupo_gym.templates import ReActTemplate
+
+        # Each tool call is a step: the paper's 10 responses would be a handful of calls here.
+        env_kwargs = {"max_turns": 50, **env_kwargs}
+        probe = gym.make(env_id, **{**env_kwargs, "action_format": "tools"}).unwrapped
+        kwargs = {"categories": probe.categories, **env_kwargs}
+        kwargs.pop("split", None)
+        ids = list(task_ids) if task_ids is not None else list(probe.task_ids)
+        factories: dict[str, Any] = {}
+        data: list[dict[str, Any]] = []
+        system = tools_system_prompt(probe.template if isinstance(probe.template, ReActTemplate) else ReActTemplate(),
+                                     probe.max_turns) + BFCL_TRL_NOTE
+        for task_id in ids:
+            classes = get_entry(task_id).involved_classes
+            name = bfcl_environment_name(classes)
+            if name not in factories:
+                factories[name] = bfcl_environment_class(tuple(sorted(classes)), kwargs)
+            data += rows([task_id], system, environment=name)
+        return factories, Dataset.from_list(data)
+
+    if env_id == "seeupo/AppWorld-v0":
+        from seeupo_gym.appworld.env import PROTOCOL, ROLE, TOOLS_ACTION_FORMAT
+        from seeupo_gym.appworld.paths import MINI_SPLIT, find_data_dir, read_split
+        from seeupo_gym.templates import ReActTemplate
+
+        kwargs = {**env_kwargs, "action_format": "tools"}
+        split = kwargs.get("split", MINI_SPLIT)
+        ids = list(task_ids) if task_ids is not None else list(read_split(find_data_dir(split, kwargs.get("data_dir")), split))
+        template = kwargs.get("template") or ReActTemplate()
+        system = template.system_prompt(role=ROLE, protocol=PROTOCOL.format(max_turns=kwargs.get("max_turns", 10)),
+                                        action_format=TOOLS_ACTION_FORMAT)
+        cls = type("AppWorldEnvironment", (AppWorldEnvironment,), {"env_kwargs": kwargs})
+        return cls, Dataset.from_list(rows(ids, system))
+
+    raise ValueError(f"no TRL adapter for {env_id!r}; use seeupo/TurnBandit-v0, seeupo/BFCL-v4-v0 or seeupo/AppWorld-v0")
