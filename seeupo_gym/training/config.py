@@ -67,6 +67,10 @@ class EnvConfig:
     num_envs: int = 8
     # "sync": envs stepped in turn; "async": in a thread pool (envs that wait on servers, AppWorld).
     vectorization: Literal["sync", "async"] = "sync"
+    # "per_episode": each episode's next request goes to the backend as soon as its env answered
+    # (continuous batching, no episode waits for another); "lockstep": one backend call per step
+    # for every waiting episode, then every env steps (see agents/vector.py).
+    schedule: Literal["per_episode", "lockstep"] = "lockstep"
     # Longest context the agent feeds the model; longer episodes end truncated.
     max_context_tokens: int = 8192
 

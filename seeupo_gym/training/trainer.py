@@ -240,6 +240,7 @@ class Trainer:
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=dict(env_kwargs),
                 vectorization=env.vectorization,
+                schedule=env.schedule,
             )
         except Exception as error:
             raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
