@@ -453,6 +453,7 @@ class VectorAgent:
                 response_ids=list(completion.token_ids),
                 sample_logprobs=list(completion.logprobs),
                 finish_reason=completion.finish_reason,
+                policy_version=self.policy_version,
             )
         )
         episode.actions.append(action)

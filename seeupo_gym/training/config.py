@@ -138,6 +138,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Collect again (same seed) this many times when the env or the agent fails during a step.
     rollout_retries: int = 1
+    # Overlap collection with the update: step k's rollouts are sampled with the weights of k-1-s
+    # (s = max_staleness) on a collection thread while the learner updates; 0: on-policy, collect
+    # then update (one process only for s > 0; see seeupo_gym/training/overlap.py).
+    max_staleness: int = 0
+    # s > 0: cap of the truncated importance weight min(pi_old / pi_sampler, cap) in the losses.
+    importance_cap: float = 2.0
 
 
 @dataclass
