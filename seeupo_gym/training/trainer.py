@@ -500,6 +500,9 @@ class Trainer:
         logger.info("resumed from %s at step %d", path, self.state.step)
 
     def close(self) -> None:
+        if self._overlap is not None:
+            self._overlap.close()
+            self._overlap = None
         self.agent.close()
         close_backend = getattr(self.backend, "close", None)
         if close_backend is not None:
