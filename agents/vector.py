@@ -364,6 +364,8 @@ class VectorAgent:
                     else:
                         request(slot, episode)
         finally:
+            # On an error, no env may still be stepping when the caller retries with these envs.
+            wait([f for f, work in waiting.items() if work.kind != "generate"])
             if owned:
                 engine.close()
 

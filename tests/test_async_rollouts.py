@@ -129,6 +129,25 @@ def test_hf_submit_samples_what_a_single_prompt_generate_samples_whatever_shares
     assert backend._engine.peak_rows >= 2  # the requests did share decode steps
 
 
+def test_a_request_joining_a_running_decode_batch_samples_what_it_samples_alone(tiny):
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer)
+    long_prompt, short_prompt = tokenizer("a long story " * 30)["input_ids"], tokenizer("hi")["input_ids"]
+    first_sampling, second_sampling = SamplingParams(max_new_tokens=40, seed=1), SamplingParams(max_new_tokens=5, seed=2)
+    (first_alone,) = backend.generate([long_prompt], first_sampling)
+    (second_alone,) = backend.generate([short_prompt], second_sampling)
+    first = backend.submit(long_prompt, first_sampling)
+    deadline = time.monotonic() + 60
+    while backend._engine.decode_steps < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    second = backend.submit(short_prompt, second_sampling)  # joins mid-decode, shorter than the running row
+    assert second.result(timeout=60).token_ids == second_alone.token_ids
+    assert not first.done() or len(first.result().token_ids) == 40
+    assert first.result(timeout=60).token_ids == first_alone.token_ids
+    assert first.result().logprobs == pytest.approx(first_alone.logprobs, abs=1e-5)
+    assert backend._engine.peak_rows == 2
+
+
 def test_a_backend_without_submit_gets_one_generate_call_per_request():
     class Echo:
         calls = []
@@ -143,6 +162,51 @@ def test_a_backend_without_submit_gets_one_generate_call_per_request():
     assert [f.result(timeout=10).token_ids for f in futures] == [[1, 2], [1, 2]]
     engine.close()
     assert Echo.calls == [(1, 1), (1, 2)]
+
+
+class CrashOnSomeEpisodes(gym.Wrapper):
+    """Raises in the second step of every episode whose reset seed is even (records which)."""
+
+    crashed: list[int] = []
+
+    def reset(self, *, seed=None, options=None):
+        self._seed, self._turn = seed, 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self._turn += 1
+        if self._turn == 2 and self._seed % 2 == 0:
+            self.crashed.append(self._seed)
+            raise RuntimeError("env crashed")
+        return self.env.step(action)
+
+
+def test_a_crashing_env_ends_only_its_episode_in_the_per_episode_schedule(tiny):
+    from seeupo_gym.agents.vector import END_ENV_ERROR
+
+    CrashOnSomeEpisodes.crashed = []
+    batch, _ = collect(tiny, "per_episode", seed=1, num_envs=4,
+                       factory=lambda: CrashOnSomeEpisodes(gym.make(BANDIT, **BANDIT_KWARGS)))
+    failed = [t for t in batch if t.info["end"] == END_ENV_ERROR]
+    assert 0 < len(failed) == len(CrashOnSomeEpisodes.crashed) < len(batch)
+    assert all(t.num_turns == 2 for t in failed)
+    assert all(t.num_turns == 6 for t in batch if t.info["end"] != END_ENV_ERROR)
+
+
+def test_a_failing_backend_fails_the_per_episode_collection(tiny):
+    class Broken:
+        def submit(self, prompt, sampling):
+            from concurrent.futures import Future
+
+            future = Future()
+            future.set_exception(RuntimeError("engine died"))
+            return future
+
+    _, tokenizer = tiny
+    with VectorAgent(BANDIT, Broken(), tokenizer, num_envs=2, sampling=SamplingParams(max_new_tokens=4),
+                     max_context_tokens=2048, env_kwargs=BANDIT_KWARGS, schedule="per_episode") as agent:
+        with pytest.raises(RuntimeError, match="engine died"):
+            agent.collect([None], group_size=2, seed=0)
 
 
 def test_an_unknown_schedule_is_refused(tiny):

@@ -198,9 +198,6 @@ class HFEngine:
         backend = self.backend
         device = backend._device
         logits, rows = [], []
-        if batch is not None:
-            rows = [row_layers(batch.cache, row, batch.attention_mask) for row in range(len(batch.rows))]
-            logits = [batch.logits]
         for request in admitted:
             cached, past = backend._cached_prefix(request.prompt)
             out = backend.model(
@@ -220,7 +217,10 @@ class HFEngine:
             logits.append(out.logits[:, -1, :])
             rows.append(layers)
         cache, attention_mask = join_rows(rows)
-        return _Batch((batch.rows if batch else []) + admitted, torch.cat(logits, dim=0), cache, attention_mask)
+        if batch is None:
+            return _Batch(admitted, torch.cat(logits, dim=0), cache, attention_mask)
+        cache, attention_mask = _stack(batch.cache, batch.attention_mask, cache, attention_mask)
+        return _Batch(batch.rows + admitted, torch.cat([batch.logits] + logits, dim=0), cache, attention_mask)
 
     def _sample(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, each row from its own generator (rows grouped by temperature, top_p)."""
@@ -246,3 +246,22 @@ class HFEngine:
             token[index] = picked
             token_logprob[index] = picked_logprob.float()
         return token, token_logprob
+
+
+def _stack(cache: Any, mask: torch.Tensor, new_cache: Any, new_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Two left-padded batch caches as one: the running rows above the new ones.
+
+    Columns no running row attends to any more (left by finished rows) are dropped first; the
+    narrower side is then padded on the left. One copy of the running KV, none per row.
+    """
+    first = int(mask.any(dim=0).nonzero()[0]) if mask.shape[1] else 0
+    mask = mask[:, first:]
+    width = max(mask.shape[1], new_mask.shape[1])
+    pad = torch.nn.functional.pad
+    layers = []
+    for old_layer, new_layer in zip(cache.layers, new_cache.layers):
+        keys = [pad(old_layer.keys[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.keys, (0, 0, width - new_mask.shape[1], 0))]
+        values = [pad(old_layer.values[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.values, (0, 0, width - new_mask.shape[1], 0))]
+        layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+    joined_mask = torch.cat([pad(mask, (width - mask.shape[1], 0)), pad(new_mask, (width - new_mask.shape[1], 0))], dim=0)
+    return cache_from_layers(layers), joined_mask
