@@ -1,8 +1,18 @@
 """The vectorized agent: B tasks x G rollouts over N env instances, token-in/token-out.
 
-Each step, every episode that waits for a response is put into ONE backend call; the envs
-are then stepped (in this thread, or concurrently in a thread pool), finished episodes are
-recorded and their env slots take the next pending episode.
+Two schedules (`schedule=`):
+
+- "per_episode": no episode waits for another. Each episode's request goes to the backend the
+  moment its context is ready (`submit`, see `backends/engine.py`; HF and vLLM batch whatever
+  is in flight, continuously); as soon as its completion returns, its env steps (in a thread
+  pool with `vectorization="async"`, else in this thread) while the others generate, and its
+  next request follows at once. Request seeds are per (episode, turn), so the same seed gives
+  the same rollouts whatever the timing.
+- "lockstep": each step, every episode that waits for a response is put into ONE backend call;
+  the envs are then stepped (in this thread, or concurrently in a thread pool); the step lasts
+  as long as its longest response and its slowest env. Kept for comparison.
+
+In both, finished episodes are recorded and their env slots take the next pending episode.
 
 Token-in/token-out (docs/architecture.md). An episode's context is a list of token ids:
 
@@ -29,7 +39,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -38,6 +48,7 @@ import gymnasium as gym
 from seeupo_gym.agents.chat import appended_text, render_chat, sampled_assistant_message
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
+from seeupo_gym.agents.backends.engine import engine_for
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.remote import env_target
 
@@ -47,6 +58,11 @@ END_TERMINATED = "terminated"
 END_TRUNCATED = "truncated"
 END_CONTEXT_BUDGET = "context_budget"
 END_ENV_ERROR = "env_error"
+
+SCHEDULES = ("per_episode", "lockstep")
+# Purposes mixed into derive_seed(seed, purpose, ...): lockstep seeds each backend call, per-episode
+# each request (episode, turn).
+_LOCKSTEP_CALL, _EPISODE_TURN = 2, 3
 
 _ASSISTANT_SENTINEL = "\x00ASSISTANT\x00"
 _USER_SENTINEL = "\x00USER\x00"
@@ -101,8 +117,11 @@ class CollectStats:
     episodes: int = 0
     turns: int = 0
     generated_tokens: int = 0
+    # lockstep: batched `generate` calls; per_episode: requests submitted.
     backend_calls: int = 0
+    # lockstep: time inside `generate`; per_episode: the requests' latencies summed (they overlap).
     generate_seconds: float = 0.0
+    # Time in env resets and steps, summed over envs (steps overlap in a thread pool).
     env_seconds: float = 0.0
     wall_seconds: float = 0.0
 
@@ -127,6 +146,18 @@ class _Episode:
     result: Trajectory | None = None
 
 
+@dataclass
+class _Waiting:
+    """What a per-episode future in flight is for."""
+
+    kind: Literal["reset", "generate", "step"]
+    slot: int
+    episode: _Episode
+    completion: Completion | None = None
+    action: str | None = None
+    started: float = 0.0
+
+
 class VectorAgent:
     """Drives `num_envs` instances of `env_id` with one backend.
 
@@ -145,6 +176,11 @@ class VectorAgent:
         workers: "local" makes the envs here; "ray" makes each a Ray actor (`seeupo/Ray-v0`).
         url: a `seeupo-serve` server serving `env_id` with `env_kwargs` (`seeupo/Remote-v0`).
         worker_options: Ray's actor options for each env worker.
+        schedule: "per_episode" or "lockstep" (see the module docstring).
+        sampling_for: optional (episode index, turn) -> SamplingParams of that turn (its seed is
+            replaced); default `sampling` for every turn. The context budget counts
+            `sampling.max_new_tokens`. With lockstep, a step of differing params goes through the
+            backend's `submit` and waits for every request (e.g. benchmarks drawing response lengths).
     """
 
     def __init__(
@@ -163,7 +199,11 @@ class VectorAgent:
         workers: Literal["local", "ray"] = "local",
         url: str | None = None,
         worker_options: dict[str, Any] | None = None,
+        schedule: Literal["per_episode", "lockstep"] = "lockstep",
+        sampling_for: Callable[[int, int], SamplingParams] | None = None,
     ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if vectorization not in ("sync", "async"):
@@ -184,6 +224,10 @@ class VectorAgent:
         self.env_kwargs = dict(env_kwargs or {})
         self.vectorization = vectorization
         self.context_mode = context_mode
+        self.schedule = schedule
+        self.sampling_for = sampling_for
+        # Recorded on every Turn sampled from now on (the trainer bumps it after each weight push).
+        self.policy_version = 0
         # Where each env runs: here, in a Ray actor, or behind a seeupo-serve url (seeupo_gym.remote).
         target_id, target_kwargs = env_target(env_id, self.env_kwargs, workers=workers, url=url,
                                               worker_options=worker_options)
@@ -220,6 +264,18 @@ class VectorAgent:
             for b, task_id in enumerate(resolved)
             for g in range(group_size)
         ]
+        if self.schedule == "per_episode":
+            self._collect_per_episode(episodes, seed, stats)
+        else:
+            self._collect_lockstep(episodes, seed, stats)
+        stats.episodes = len(episodes)
+        stats.wall_seconds = time.perf_counter() - start
+        self.last_stats = stats
+        trajectories = [episode.result for episode in episodes]
+        assert all(t is not None for t in trajectories)
+        return RolloutBatch(trajectories)  # type: ignore[arg-type]
+
+    def _collect_lockstep(self, episodes: list[_Episode], seed: int, stats: CollectStats) -> None:
         pending = deque(episodes)
         running: dict[int, _Episode] = {}
         call_index = 0
@@ -230,7 +286,11 @@ class VectorAgent:
             slots = sorted(running)
             prompts = [running[slot].context for slot in slots]
             tick = time.perf_counter()
-            completions = self.backend.generate(prompts, replace(self.sampling, seed=derive_seed(seed, 2, call_index)))
+            call_seed = derive_seed(seed, _LOCKSTEP_CALL, call_index)
+            if self.sampling_for is None:
+                completions = self.backend.generate(prompts, replace(self.sampling, seed=call_seed))
+            else:
+                completions = self._generate_each([running[slot] for slot in slots], call_seed)
             stats.generate_seconds += time.perf_counter() - tick
             stats.backend_calls += 1
             call_index += 1
@@ -242,25 +302,81 @@ class VectorAgent:
             stats.env_seconds += time.perf_counter() - tick
             for slot, completion, action, outcome in zip(slots, completions, actions, outcomes):
                 episode = running[slot]
-                episode.turns.append(
-                    Turn(
-                        context_ids=list(episode.context),
-                        response_ids=list(completion.token_ids),
-                        sample_logprobs=list(completion.logprobs),
-                        finish_reason=completion.finish_reason,
-                    )
-                )
-                episode.actions.append(action)
-                stats.turns += 1
-                stats.generated_tokens += len(completion.token_ids)
+                self._record_turn(episode, completion, action, stats)
                 if self._advance(slot, episode, completion, action, outcome):
                     del running[slot]
-        stats.episodes = len(episodes)
-        stats.wall_seconds = time.perf_counter() - start
-        self.last_stats = stats
-        trajectories = [episode.result for episode in episodes]
-        assert all(t is not None for t in trajectories)
-        return RolloutBatch(trajectories)  # type: ignore[arg-type]
+
+    def _generate_each(self, episodes: list[_Episode], call_seed: int) -> list[Completion]:
+        """One lockstep call whose rows have their own sampling params: submitted together, awaited together."""
+        engine, owned = engine_for(self.backend)
+        try:
+            futures = [
+                engine.submit(e.context, replace(self._turn_sampling(e), seed=derive_seed(call_seed, row)))
+                for row, e in enumerate(episodes)
+            ]
+            return [future.result() for future in futures]
+        finally:
+            if owned:
+                engine.close()
+
+    def _collect_per_episode(self, episodes: list[_Episode], seed: int, stats: CollectStats) -> None:
+        engine, owned = engine_for(self.backend)
+        pending = deque(episodes)
+        free = deque(range(self.num_envs))
+        waiting: dict[Future, _Waiting] = {}
+
+        def on_env(work: _Waiting, fn: Callable[..., Any], *args: Any) -> None:
+            work.started = time.perf_counter()
+            if self._pool is None:
+                future: Future = Future()
+                future.set_result(fn(*args))  # _reset and _step return errors, never raise
+            else:
+                future = self._pool.submit(fn, *args)
+            waiting[future] = work
+
+        def start_episodes() -> None:
+            while free and pending:
+                slot, episode = free.popleft(), pending.popleft()
+                on_env(_Waiting("reset", slot, episode), self._reset, slot, episode)
+
+        def request(slot: int, episode: _Episode) -> None:
+            turn = len(episode.turns) + 1
+            sampling = replace(self._turn_sampling(episode), seed=derive_seed(seed, _EPISODE_TURN, episode.index, turn))
+            work = _Waiting("generate", slot, episode, started=time.perf_counter())
+            waiting[engine.submit(episode.context, sampling)] = work
+            stats.backend_calls += 1
+
+        try:
+            start_episodes()
+            while waiting:
+                done, _ = wait(list(waiting), return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: waiting[f].episode.index):
+                    work = waiting.pop(future)
+                    slot, episode = work.slot, work.episode
+                    elapsed = time.perf_counter() - work.started
+                    if work.kind == "generate":
+                        stats.generate_seconds += elapsed
+                        completion = future.result()  # a failing backend fails the collection, as in lockstep
+                        action = self.response_text(completion.token_ids, completion.finish_reason)
+                        self._record_turn(episode, completion, action, stats)
+                        on_env(_Waiting("step", slot, episode, completion, action), self._step, slot, action)
+                        continue
+                    stats.env_seconds += elapsed
+                    if work.kind == "reset":
+                        over = not self._begin(episode, future.result())
+                    else:
+                        assert work.completion is not None and work.action is not None
+                        over = self._advance(slot, episode, work.completion, work.action, future.result())
+                    if over:
+                        free.append(slot)
+                        start_episodes()
+                    else:
+                        request(slot, episode)
+        finally:
+            # On an error, no env may still be stepping when the caller retries with these envs.
+            wait([f for f, work in waiting.items() if work.kind != "generate"])
+            if owned:
+                engine.close()
 
     def response_text(self, token_ids: Sequence[int], finish_reason: str = FINISH_STOP) -> str:
         """The text the env receives: the decoded response without its final stop token."""
@@ -320,21 +436,45 @@ class VectorAgent:
         outcomes = self._map(self._reset, starting)
         stats.env_seconds += time.perf_counter() - tick
         for (slot, episode), outcome in zip(starting, outcomes):
-            if isinstance(outcome, BaseException):
-                self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
-                continue
-            _, info = outcome
-            episode.messages = [dict(m) for m in info["messages"]]
-            episode.tools = list(info.get("tools") or [])
-            episode.tool_parser = info.get("tool_parser") or "hermes"
-            context = self._encode_or_end(episode, lambda: self.initial_context(episode.messages, episode.tools))
-            if context is None:
-                continue
-            episode.context = context
-            if self._over_budget(episode):
-                self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True)
-                continue
-            running[slot] = episode
+            if self._begin(episode, outcome):
+                running[slot] = episode
+
+    def _begin(self, episode: _Episode, outcome: Any) -> bool:
+        """Take the env's reset; return True when the episode goes on to its first turn."""
+        if isinstance(outcome, BaseException):
+            self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
+            return False
+        _, info = outcome
+        episode.messages = [dict(m) for m in info["messages"]]
+        episode.tools = list(info.get("tools") or [])
+        episode.tool_parser = info.get("tool_parser") or "hermes"
+        context = self._encode_or_end(episode, lambda: self.initial_context(episode.messages, episode.tools))
+        if context is None:
+            return False
+        episode.context = context
+        if self._over_budget(episode):
+            self._finish(episode, END_CONTEXT_BUDGET, reward=0.0, success=False, truncated=True)
+            return False
+        return True
+
+    def _turn_sampling(self, episode: _Episode) -> SamplingParams:
+        if self.sampling_for is None:
+            return self.sampling
+        return self.sampling_for(episode.index, len(episode.turns) + 1)
+
+    def _record_turn(self, episode: _Episode, completion: Completion, action: str, stats: CollectStats) -> None:
+        episode.turns.append(
+            Turn(
+                context_ids=list(episode.context),
+                response_ids=list(completion.token_ids),
+                sample_logprobs=list(completion.logprobs),
+                finish_reason=completion.finish_reason,
+                policy_version=self.policy_version,
+            )
+        )
+        episode.actions.append(action)
+        stats.turns += 1
+        stats.generated_tokens += len(completion.token_ids)
 
     def _reset(self, slot: int, episode: _Episode) -> Any:
         try:

@@ -42,6 +42,11 @@ class TokenLogprobs:
 
     logprobs: torch.Tensor  # [n, L] float
     mask: torch.Tensor  # [n, L] bool
+    # The sampler's logprobs of the same tokens ([n, L]), set by a learner only when the rollouts may
+    # come from older weights (overlapped collection); the shared losses then correct for the
+    # mismatch with a truncated importance weight capped at `sampled_cap` (`core.behaviour_weights`).
+    sampled: torch.Tensor | None = None
+    sampled_cap: float = 2.0
 
     def __post_init__(self) -> None:
         if self.logprobs.shape != self.mask.shape:

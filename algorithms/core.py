@@ -139,6 +139,25 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, estimator: str =
     raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
 
 
+def behaviour_weights(
+    logp_old: torch.Tensor, logp_sampled: torch.Tensor, mask: torch.Tensor, cap: float, *, level: str = "token"
+) -> torch.Tensor:
+    """Truncated importance weight of the learner's step-start policy over the sampling policy (TIS).
+
+    token: `min(exp(l_old - l_sampled), cap)` per token, [n, L] (1 at padding), as verl's token-level
+    rollout importance sampling (`rollout_is_threshold`) and TRL's `token_truncate`;
+    sequence: `min(exp(mean_tokens(l_old - l_sampled)), cap)` per sample, [n], length-normalized like
+    GSPO's `s(y)`. Detached: it reweights the samples, it is not optimized. 1 wherever the sampler's
+    weights are the learner's (up to floating point).
+    """
+    log_ratio = (logp_old - logp_sampled).detach()
+    if level == "sequence":
+        return torch.exp(masked_mean(log_ratio, mask, dim=-1)).clamp(max=cap)
+    if level != "token":
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    return torch.exp(torch.where(mask, log_ratio, torch.zeros_like(log_ratio))).clamp(max=cap)
+
+
 @dataclass(frozen=True)
 class Totals:
     """Counts over a whole minibatch: the denominators of its token- and sequence-means.
@@ -486,6 +505,10 @@ class LossStats:
     kl: float | None = None
     clipfrac: float | None = None
     ratio_mean: float | None = None
+    # With rollouts from older weights (`TokenLogprobs.sampled`): the mean truncated importance
+    # weight, and the share of weights at the cap.
+    is_weight_mean: float | None = None
+    is_weight_capped: float | None = None
 
 
 def token_policy_loss(
@@ -511,6 +534,10 @@ def token_policy_loss(
     totals = totals or Totals.of_mask(mask)
     ratio = token_ratio(new.logprobs, old, mask)
     objective = clipped_objective(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    weights = None
+    if new.sampled is not None:  # rollouts from older weights: reweight each token (TIS)
+        weights = behaviour_weights(old, new.sampled, mask, new.sampled_cap)
+        objective = objective * weights
     loss = -aggregate(objective, mask, loss_agg, totals)
     kl = None
     if ref is not None and kl_coef > 0:
@@ -522,6 +549,9 @@ def token_policy_loss(
         clipfrac=float(aggregate(clip_fraction(ratio.detach(), advantages, clip_low, clip_high), mask, "token-mean", totals)),
         ratio_mean=float(aggregate(ratio.detach(), mask, "token-mean", totals)),
     )
+    if weights is not None:
+        stats.is_weight_mean = float(aggregate(weights, mask, "token-mean", totals))
+        stats.is_weight_capped = float(aggregate((weights >= new.sampled_cap).to(weights.dtype), mask, "token-mean", totals))
     return loss, stats
 
 
@@ -552,6 +582,10 @@ def sequence_policy_loss(
     else:
         ratio, weights = _trajectory_ratios(new.logprobs, old, mask, weights, totals)
     objective = clipped_objective(ratio, weights, clip_low, clip_high)
+    behaviour = None
+    if new.sampled is not None:  # rollouts from older weights: reweight each sample (TIS)
+        behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence")
+        objective = objective * behaviour
     loss = -objective.sum() / samples
     kl = None
     if ref is not None and kl_coef > 0:
@@ -563,6 +597,9 @@ def sequence_policy_loss(
         clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).sum() / samples),
         ratio_mean=float(ratio.detach().sum() / samples),
     )
+    if behaviour is not None:
+        stats.is_weight_mean = float(behaviour.sum() / samples)
+        stats.is_weight_capped = float((behaviour >= new.sampled_cap).to(behaviour.dtype).sum() / samples)
     return loss, stats
 
 

@@ -23,6 +23,9 @@ class Turn:
     # "old" and reference logprobs are not stored here: algorithms recompute them from the
     # learner at the start of each update (the sampler's are never used as "old").
     finish_reason: str = "stop"
+    # The version of the weights that sampled this turn: the number of updates they had seen.
+    # Collection that overlaps the update samples with older weights than the learner's.
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         if len(self.sample_logprobs) != len(self.response_ids):

@@ -17,6 +17,7 @@ or any in-place edit of a parameter, e.g. an optimizer step on the shared module
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -70,6 +71,7 @@ class HFBackend(Backend):
         self.default_stop_token_ids = default_stop_token_ids(model, tokenizer)
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._weights_seen: int | None = None
+        self._engine: Any = None  # the continuous-batching loop behind `submit`, started on first use
 
     # -- Backend -----------------------------------------------------------------------------
 
@@ -98,6 +100,15 @@ class HFBackend(Backend):
     def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "HFBackend":
         # It generates with the very module being trained: a sync only empties its prefix cache.
         return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20)
+
+    def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
+        """One request, batched continuously with whatever else is in flight (`hf_engine.HFEngine`);
+        `sampling.seed` seeds this request alone."""
+        if self._engine is None:
+            from seeupo_gym.agents.backends.hf_engine import HFEngine
+
+            self._engine = HFEngine(self)
+        return self._engine.submit(prompt, sampling)
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         # Cached states were computed with the old weights, also when the learner updated this
@@ -316,6 +327,18 @@ def sample_next(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return it and its logprob log_softmax(logits / T) (T=1 if greedy)."""
+    if sampling.temperature == 0:
+        return sample_with_uniform(logits, sampling, None)
+    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary
+    # entry on CPU, which costs more than the tiny model's whole forward).
+    uniform = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device, dtype=torch.float64)
+    return sample_with_uniform(logits, sampling, uniform)
+
+
+def sample_with_uniform(
+    logits: torch.Tensor, sampling: SamplingParams, uniform: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next` with the rows' uniforms given ([n, 1] float64; None when greedy)."""
     logits = logits.float()
     if sampling.temperature == 0:
         token = logits.argmax(dim=-1)
@@ -329,9 +352,7 @@ def sample_next(
         drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary
-    # entry on CPU, which costs more than the tiny model's whole forward).
-    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    assert uniform is not None
     token = inverse_cdf(probs, uniform)
     token_logprob = (scaled.gather(-1, token.unsqueeze(-1)) - log_normalizer).squeeze(-1)
     return token, token_logprob

@@ -30,6 +30,7 @@ import itertools
 import os
 import shutil
 import tempfile
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,19 @@ class VLLMBackend(Backend):
             finish = FINISH_LENGTH if sample.finish_reason == "length" else FINISH_STOP
             completions.append(Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish))
         return completions
+
+    def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
+        """One request into vLLM's continuous batching (`vllm_engine.VLLMEngineLoop`); `sampling.seed`
+        seeds this request alone."""
+        if self._weights_dropped:
+            raise RuntimeError("the engine slept at level 2 (weights dropped): push weights with update_weights first")
+        self._wake()
+        loop = getattr(self, "_engine_loop", None)
+        if loop is None:
+            from seeupo_gym.agents.backends.vllm_engine import VLLMEngineLoop
+
+            loop = self._engine_loop = VLLMEngineLoop(self)
+        return loop.submit(prompt, sampling)
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         self._wake()

@@ -71,6 +71,10 @@ class EnvConfig:
     num_envs: int = 8
     # "sync": envs stepped in turn; "async": in a thread pool (envs that wait on servers, AppWorld).
     vectorization: Literal["sync", "async"] = "sync"
+    # "per_episode": each episode's next request goes to the backend as soon as its env answered
+    # (continuous batching, no episode waits for another); "lockstep": one backend call per step
+    # for every waiting episode, then every env steps (see agents/vector.py).
+    schedule: Literal["per_episode", "lockstep"] = "lockstep"
     # Longest context the agent feeds the model; longer episodes end truncated.
     max_context_tokens: int = 8192
     # Where the envs run: "local" (in this process) or "ray" (each env a Ray actor, placed by Ray;
@@ -151,6 +155,12 @@ class TrainConfig:
     truncated: Literal["score", "mask"] = "score"
     # Leave groups whose rollouts all got one reward out of the update (DAPO's dynamic sampling).
     drop_flat_groups: bool = False
+    # Overlap collection with the update: step k's rollouts are sampled with the weights of k-1-s
+    # (s = max_staleness) on a collection thread while the learner updates; 0: on-policy, collect
+    # then update (one process only for s > 0; see seeupo_gym/training/overlap.py).
+    max_staleness: int = 0
+    # s > 0: cap of the truncated importance weight min(pi_old / pi_sampler, cap) in the losses.
+    importance_cap: float = 2.0
 
 
 @dataclass

@@ -148,6 +148,9 @@ class LLMLearner:
             pack_limit = max_tokens_per_microbatch if accelerator.device.type == "cuda" else PER_ROW_MIN_TOKENS
         self.pack_limit = pack_limit
         self.logit_chunk = logit_chunk
+        # Set (to the cap) when rollouts may come from older weights than these (train.max_staleness > 0):
+        # the losses then see the sampler's logprobs and apply a truncated importance weight.
+        self.behaviour_cap: float | None = None
         # Tokens this process fed to each model ("policy", "reference", "value"), dummies excluded.
         self.tokens_fed: Counter[str] = Counter()
         # Two pad tokens, the second scored: the forward that keeps processes in step.
@@ -198,6 +201,8 @@ class LLMLearner:
                 indices = [i for sequence in part_sequences for i, _, _ in sequence.spans]
                 part = [samples[i] for i in indices]
                 new = self._as_tokens(part, self._split(part_sequences, policy(part_sequences), indices))
+                if self.behaviour_cap is not None:
+                    new = self._with_sampled(part, new)
                 value_rows = None
                 if critic is not None:
                     value_rows = self._as_tokens(part, self._split(part_sequences, critic(part_sequences), indices)).logprobs
@@ -344,6 +349,14 @@ class LLMLearner:
         if padded.shape[1] < width:
             padded = nn.functional.pad(padded, (0, width - padded.shape[1]))
         return TokenLogprobs(padded, mask)
+
+    def _with_sampled(self, samples: Sequence[TurnSample], new: TokenLogprobs) -> TokenLogprobs:
+        """`new` with the sampler's logprobs of the same tokens (for the importance weights)."""
+        rows = [torch.tensor(s.turn.sample_logprobs, dtype=new.logprobs.dtype) for s in samples]
+        sampled = torch.zeros_like(new.logprobs)
+        for i, row in enumerate(rows):
+            sampled[i, : row.numel()] = row.to(sampled.device)
+        return TokenLogprobs(new.logprobs, new.mask, sampled=sampled, sampled_cap=float(self.behaviour_cap))
 
     # ------------------------------------------------------------------ the step
 

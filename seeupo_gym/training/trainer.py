@@ -13,6 +13,7 @@ normalization of advantages are therefore over the global batch, exactly as in o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +32,7 @@ from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
+from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.tasks import env_workers, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
@@ -156,6 +158,7 @@ class Trainer:
         self.backend = self._make_backend()
         self.agent = self._make_agent(env.kwargs)
         self.last_env_errors = 0
+        self._overlap: OverlappedCollection | None = None  # train.max_staleness > 0: started at the first step
         self.metrics_path = self.output_dir / "metrics.jsonl"
         if config.resume_from is not None:
             self.resume(config.resume_from)
@@ -203,6 +206,7 @@ class Trainer:
                 workers=env.workers,
                 url=env.url,
                 worker_options=env.worker_options,
+                schedule=env.schedule,
             )
         except Exception as error:
             raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
@@ -256,11 +260,14 @@ class Trainer:
         cfg = self.config.train
         step = self.state.step + 1
         started = time.perf_counter()
+        overlapped = cfg.max_staleness > 0
         try:
-            collected = collect(
-                self.accelerator, self.agent, self.tasks_for_step(step), cfg.group_size,
-                seed=derive_seed(cfg.seed, step, _ROLLOUT), retries=cfg.rollout_retries, what=f"step {step}",
-            )
+            if overlapped:
+                if self._overlap is None:
+                    self._overlap = self._start_overlap()
+                collected, _ = self._overlap.take(step)
+            else:
+                collected = self._collect_step(step)
         except RolloutError as error:
             raise RolloutError(
                 f"{error} (env {self.config.env.id}). The last checkpoint under {self.checkpoint_root} is intact; "
@@ -271,6 +278,10 @@ class Trainer:
 
         record: dict[str, float] = {"step": float(step), **rollout_metrics(batch, prefix="rollout")}
         record["rollout/env_errors"] = float(self.last_env_errors)
+        if overlapped:
+            record.update(staleness_metrics(batch, step - 1, prefix="rollout"))
+            batch, dropped = drop_stale(batch, step - 1, cfg.max_staleness)  # never older than the bound
+            record["rollout/stale_dropped"] = float(dropped)
         batch, left_out = select_for_update(batch, truncated=cfg.truncated, drop_flat_groups=cfg.drop_flat_groups)
         record.update({f"update/{k}": v for k, v in left_out.items()})
         if len(batch) == 0:
@@ -278,15 +289,70 @@ class Trainer:
             record["update/skipped_empty_batch"] = 1.0
         else:
             generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
-            self._release_generation_memory()
+            if not overlapped:  # an overlapped collection keeps sampling through the update
+                self._release_generation_memory()
             metrics = self.algorithm.update(batch, self.learner, generator)
             record.update({f"update/{k}": float(v) for k, v in metrics.items()})
-            self.sync_weights()
+            if not overlapped:
+                self.sync_weights()
+        if overlapped:
+            assert self._overlap is not None
+            self._overlap.publish(step, self._weights_snapshot())
         record["time/rollout_s"] = collected_at - started
         record["time/update_s"] = time.perf_counter() - collected_at
         self.state.step = step
         self.log(record)
         return record
+
+    def _collect_step(self, step: int) -> Any:
+        cfg = self.config.train
+        return collect(
+            self.accelerator, self.agent, self.tasks_for_step(step), cfg.group_size,
+            seed=derive_seed(cfg.seed, step, _ROLLOUT), retries=cfg.rollout_retries, what=f"step {step}",
+        )
+
+    def _start_overlap(self) -> OverlappedCollection:
+        """The collector thread of `train.max_staleness` > 0 (see `overlap.py`), with its own sampler."""
+        cfg, generation = self.config.train, self.config.generation
+        if self.accelerator.num_processes > 1:
+            raise ConfigError("train.max_staleness > 0 runs in one training process; set it to 0 with several")
+        if cfg.importance_cap <= 0:
+            raise ConfigError(f"train.importance_cap must be > 0, got {cfg.importance_cap}")
+        if self.config.sampling.temperature != 1.0:
+            logger.warning("train.max_staleness > 0: the importance weights compare the learner's logprobs (temperature 1) "
+                           "with the sampler's at temperature %s; they are exact at temperature 1",
+                           self.config.sampling.temperature)
+        if generation.backend == "hf":
+            import copy
+
+            from seeupo_gym.agents.backends.hf import HFBackend
+
+            # The learner changes its module during the update: the sampler generates with a copy.
+            sampler_model = copy.deepcopy(self.accelerator.unwrap_model(self.model))
+            sampler_model.requires_grad_(False)
+            sampler = HFBackend(sampler_model, self.tokenizer, prefix_cache_bytes=generation.prefix_cache_mib << 20)
+        else:
+            if self.config.model.lora is not None:
+                raise ConfigError("train.max_staleness > 0 with generation.backend=vllm pushes full weights; "
+                                  "LoRA adapters are not supported there yet (use max_staleness 0 or the hf backend)")
+            sampler = self.backend
+        self.agent.backend = sampler
+        self.learner.behaviour_cap = cfg.importance_cap
+
+        def collect_step(step: int, version: int) -> Any:
+            self.agent.policy_version = version
+            return self._collect_step(step)
+
+        overlap = OverlappedCollection(
+            collect_step, sampler.update_weights, max_staleness=cfg.max_staleness,
+            first_step=self.state.step + 1, last_step=cfg.steps, start_version=self.state.step,
+        )
+        overlap.publish(self.state.step, self._weights_snapshot())  # to reload after a shared engine evaluated
+        return overlap
+
+    def _weights_snapshot(self) -> dict[str, torch.Tensor]:
+        # A copy: the learner goes on changing its own tensors while the sampler loads these.
+        return {k: v.detach().clone() for k, v in self.accelerator.unwrap_model(self.model).state_dict().items()}
 
     def sync_weights(self) -> None:
         """Push the learner's weights (or LoRA adapter) into the generation backend; runs after every update."""
@@ -318,26 +384,31 @@ class Trainer:
 
         cfg, env, sampling = self.config.train, self.config.env, self.config.sampling
         record: dict[str, float] | None = None
+        # A vLLM engine shared with an overlapped collection evaluates between two collections.
+        shared = self._overlap is not None and self.agent.backend is self.backend
         if self.is_main:
-            result = evaluate_policy(
-                self.backend,
-                self.tokenizer,
-                env.id,
-                list(tasks) if tasks is not None else self.eval_tasks[: cfg.eval_tasks_per_eval],
-                k=k,
-                n=n,
-                temperature=cfg.eval_temperature if temperature is None else temperature,
-                top_p=sampling.top_p,
-                max_new_tokens=sampling.max_new_tokens,
-                seed=derive_seed(cfg.seed, self.state.step, _EVAL) if seed is None else seed,
-                num_envs=env.num_envs,
-                max_context_tokens=env.max_context_tokens,
-                env_kwargs=eval_env_kwargs(env, env_kwargs),
-                vectorization=env.vectorization,
-                env_workers=env_workers(env),
-                progress=progress,
-                desc=f"eval step {self.state.step}",
-            )
+            with self._overlap.paused(reload=True) if shared else contextlib.nullcontext():  # type: ignore[union-attr]
+                if shared:
+                    self.sync_weights()  # the learner's weights; the collector reloads its own afterwards
+                result = evaluate_policy(
+                    self.backend,
+                    self.tokenizer,
+                    env.id,
+                    list(tasks) if tasks is not None else self.eval_tasks[: cfg.eval_tasks_per_eval],
+                    k=k,
+                    n=n,
+                    temperature=cfg.eval_temperature if temperature is None else temperature,
+                    top_p=sampling.top_p,
+                    max_new_tokens=sampling.max_new_tokens,
+                    seed=derive_seed(cfg.seed, self.state.step, _EVAL) if seed is None else seed,
+                    num_envs=env.num_envs,
+                    max_context_tokens=env.max_context_tokens,
+                    env_kwargs=eval_env_kwargs(env, env_kwargs),
+                    vectorization=env.vectorization,
+                    env_workers=env_workers(env),
+                    progress=progress,
+                    desc=f"eval step {self.state.step}",
+                )
             record = eval_record(result, self.state.step)
         if self.accelerator.num_processes > 1:
             record = broadcast_object_list([record])[0]
@@ -394,6 +465,9 @@ class Trainer:
         logger.info("resumed from %s at step %d", path, self.state.step)
 
     def close(self) -> None:
+        if self._overlap is not None:
+            self._overlap.close()
+            self._overlap = None
         self.agent.close()
         self.backend.close()
         if self.config.log.trackers:

