@@ -196,6 +196,10 @@ def test_sessions_past_max_sessions_are_refused_and_a_freed_slot_is_reused(bandi
 def test_bad_requests_get_clear_errors_and_the_server_goes_on(bfcl_server):
     url = bfcl_server.url
     ws_url = url.replace("http", "ws") + "/ws"
+    bystander = client(url)  # another session, mid-episode while the bad requests come in
+    bystander_actions = bfcl_script("multi_turn_base_2")
+    bystander.reset(seed=0, task_id="multi_turn_base_2")
+    bystander.step({"response": bystander_actions[0]})
     with connect(ws_url) as ws:
         def ask(raw: str) -> dict:
             ws.send(raw)
@@ -236,6 +240,9 @@ def test_bad_requests_get_clear_errors_and_the_server_goes_on(bfcl_server):
             ws.recv(timeout=30)
     assert play_remote(url, "multi_turn_base_1", bfcl_script("multi_turn_base_1"))[-1].reward == 1.0
     assert httpx.get(f"{url}/health").status_code == 200
+    with bystander:  # untouched by all of it
+        results = [bystander.step({"response": action}) for action in bystander_actions[1:]]
+    assert results[-1].reward == 1.0 and results[-1].done
 
 
 def test_idle_sessions_are_reaped_and_then_answer_with_a_clear_error():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -104,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=10,
         lifespan="on",
     )
+    # uvicorn handles SIGTERM with a graceful shutdown (our hook closes every env), then raises it
+    # again under the handler it found: a no-op here, so the process ends normally, status 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.Server(config).run(sockets=[sock])
     app.state.close_all()  # anything the shutdown hooks did not reach
     sys.exit(0)
