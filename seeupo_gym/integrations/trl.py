@@ -14,7 +14,8 @@ model's arguments) and `get_reward()`, called once when the rollout ends. TRL li
 the *class*, so tools are fixed per class: BFCL gets one class per combination of BFCL backends
 (the factory is then a dict, and each dataset row names its `environment`).
 
-Each tool call is one step of the wrapped Gymnasium env (and counts toward its `max_turns`):
+Each tool call is one step of the wrapped Gymnasium env (and counts toward its `max_turns`; BFCL's
+defaults to 50 here):
 - TurnBandit: `answer(label)` chooses the option of the current step.
 - BFCL (`action_format="tools"`): one method per function of the entry's backends, plus
   `end_turn(reply)`, which ends the current user turn with a plain-text reply and returns the
