@@ -34,7 +34,7 @@ class SlowCells(gym.Wrapper):
     an episode of fewer than eight turns has at most one slow cell.
     """
 
-    def __init__(self, env: gym.Env, slow: float = 0.4, fast: float = 0.01) -> None:
+    def __init__(self, env: gym.Env, slow: float = 1.0, fast: float = 0.01) -> None:
         super().__init__(env)
         self.slow, self.fast = slow, fast
         self._offset = 0

@@ -106,3 +106,19 @@ def test_importance_weights_are_one_when_the_sampler_holds_the_learners_weights(
     assert first["update/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert first["update/is_weight_capped"] == 0.0
     assert all("update/is_weight_mean" in r for r in records)
+
+
+@pytest.mark.slow
+def test_an_overlapped_per_episode_run_repeats_exactly(tmp_path):
+    from seeupo_gym.training.cli import train_main
+
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        assert train_main([
+            "--config", "tiny-turnbandit", "train.max_staleness=1", "env.schedule=per_episode", "train.steps=3",
+            "train.save_every=0", f"log.output_dir={out}", "log.progress_bars=false",
+        ]) == 0
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        runs.append([{k: v for k, v in r.items() if not k.startswith("time/")} for r in records])
+    assert runs[0] == runs[1] and len(runs[0]) == 3

@@ -122,6 +122,8 @@ def request_params(backend: "VLLMBackend", sampling: SamplingParams) -> Any:
         max_tokens=sampling.max_new_tokens,
         stop=list(sampling.stop_strings) or None,
         stop_token_ids=list(sampling.stop_token_ids or backend.default_stop_token_ids),
+        # The stop ids above are the whole rule (the Backend contract): the model's eos stops only when listed.
+        ignore_eos=True,
         include_stop_str_in_output=True,
         skip_special_tokens=False,
         seed=sampling.seed,
