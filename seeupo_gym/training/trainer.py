@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, available_algorithms, load_plugin, make_algorithm
+from seeupo_gym.remote import env_target
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import ENV_ERROR, RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, save_config
 from seeupo_gym.training.tasks import env_task_ids
-from seeupo_gym.remote import env_target
 
 logger = logging.getLogger(__name__)
 
