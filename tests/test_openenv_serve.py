@@ -386,3 +386,19 @@ def test_a_dead_server_fails_collection_with_a_clear_error_after_the_retries(tin
             with pytest.raises(RolloutError, match="cannot reach the env server"):
                 collect(SimpleNamespace(num_processes=1, process_index=0), agent, ["mixed-0-1"], 1,
                         seed=0, retries=1, what="step 1")
+
+
+def test_seeupo_train_with_env_url_trains_on_the_served_env_as_on_the_local_one(tmp_path, one_torch_thread):
+    from seeupo_gym.training.cli import train_main
+
+    metrics = {}
+    with serving("seeupo/TurnBandit-v0", "variant=easy", "num_tasks=8", "max_turns=2") as served:
+        for where, overrides in (("local", []), ("served", [f"env.url={served.url}"])):
+            out = tmp_path / where
+            code = train_main(["--config", "tiny-turnbandit", f"log.output_dir={out}", "train.steps=1",
+                               "log.progress_bars=false", *overrides])
+            assert code == 0
+            metrics[where] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    local = {k: v for k, v in metrics["local"].items() if k.startswith(("rollout/", "update/"))}
+    assert local["rollout/trajectories"] == 4.0 and local["rollout/env_errors"] == 0.0
+    assert {k: metrics["served"][k] for k in local} == local
