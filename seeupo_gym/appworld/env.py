@@ -307,7 +307,7 @@ class AppWorldEnv(gym.Env[str, str]):
             self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
 
         reward, terminated, success = 0.0, False, False
-        report: dict[str, Any] | None = None
+        report: dict[str, Any] | ServerError | None = None
         tests = _no_tests()
         termination_reason = ""
         if code is None and self.action_format == "tools":
@@ -386,23 +386,28 @@ class AppWorldEnv(gym.Env[str, str]):
             return task
         raise AssertionError("unreachable")
 
-    def _grade_claim(self) -> dict[str, Any] | None:
+    def _grade_claim(self) -> dict[str, Any] | ServerError | None:
         """The grader's report on the episode's state as it is now, if that state holds a
-        completed task; None (the episode goes on) if it does not or cannot be graded."""
+        completed task; the error if the grader refused that state (the episode then ends with
+        reward 0); None (the episode goes on) if the state holds no completed task."""
         assert self._server is not None and self._task_id is not None
         try:
             report = self._server.grade(self._task_id, self._server.episode_state(), timeout=30.0)
-        except ServerError:
-            return None
+        except ServerError as failure:
+            return failure
         return report if isinstance(report, dict) and report.get("completed") is True else None
 
-    def _evaluate(self, completed: bool, report: dict[str, Any] | None = None) -> tuple[float, bool, dict[str, Any], str]:
+    def _evaluate(
+        self, completed: bool, report: dict[str, Any] | ServerError | None = None
+    ) -> tuple[float, bool, dict[str, Any], str]:
         """Score the episode's final state in the grader (the episode's process is killed first);
-        `report`: the grader's report on that state, already made."""
+        `report`: the grader's report on that state (or its refusal), already made."""
         reason = "completed" if completed else "max_turns"
         assert self._server is not None and self._task_id is not None
         try:
             state = self._server.close_episode(collect=report is None)
+            if isinstance(report, ServerError):
+                raise report
             if report is None:
                 report = self._server.grade(self._task_id, state or {}, timeout=30.0)
         except (ServerDied, ServerTimeout, ServerError) as failure:

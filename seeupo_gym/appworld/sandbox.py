@@ -216,11 +216,10 @@ class Launcher:
         """
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
-        per_process = filter_per_process and self.seccomp
-        command = self._bwrap_command(mounts, filter_per_process=per_process)
+        command = self._bwrap_command(mounts, filter_per_process=filter_per_process)
         command += [*self._drop_to_nobody(), *self._python(script, control_fd)]
-        if per_process:
-            command.append("{seccomp_fd}")
+        if filter_per_process:
+            command.append("{seccomp_fd}" if self.seccomp else "none")
         return self._start_bwrap(command, control_fd, log, cgroup)
 
     # ------------------------------------------------------------------ sandboxed

@@ -33,8 +33,10 @@ MAX_STATE_BYTES = 48 * 2**20
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
-    # In the sandbox: the seccomp filter, loaded per episode after its namespaces are made.
-    program = _read_all(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    # In the sandbox: the seccomp filter's fd ("none" where this machine has no libseccomp),
+    # loaded per episode after its namespaces are made. Unsandboxed: no second argument.
+    sandboxed = len(sys.argv) > 2
+    program = _read_all(int(sys.argv[2])) if sandboxed and sys.argv[2] != "none" else None
     limits.make_undumpable()  # episode processes share our uid: they must not ptrace or read us
     limits.reset_scratch()
     limits.warm_up_appworld()
@@ -51,7 +53,7 @@ def main() -> None:
             if op == "begin":
                 _stop(episode)
                 episode = None
-                episode = Episode.start(control, episode_fd, request, program)
+                episode = Episode.start(control, episode_fd, request, sandboxed, program)
                 reply["output"] = {"pid": episode.pid}
             elif op == "thaw":
                 reply["output"] = {"running": episode is not None and episode.thaw()}
@@ -99,7 +101,9 @@ class Episode:
         self.frozen = False
 
     @classmethod
-    def start(cls, control: socket.socket, episode_fd: int, request: dict, program: bytes | None) -> Episode:
+    def start(
+        cls, control: socket.socket, episode_fd: int, request: dict, sandboxed: bool, program: bytes | None
+    ) -> Episode:
         parent = os.getpid()
         status_read, status_write = os.pipe()
         supervisor = os.fork()
@@ -107,7 +111,7 @@ class Episode:
             try:
                 control.close()  # the episode must not be able to talk to the parent
                 os.close(status_read)
-                _supervise(parent, episode_fd, request, program, status_write)
+                _supervise(parent, episode_fd, request, sandboxed, program, status_write)
             finally:
                 os._exit(0)
         os.close(episode_fd)
@@ -148,13 +152,15 @@ class Episode:
         return ended
 
 
-def _supervise(parent: int, episode_fd: int, request: dict, program: bytes | None, status_fd: int) -> None:
+def _supervise(
+    parent: int, episode_fd: int, request: dict, sandboxed: bool, program: bytes | None, status_fd: int
+) -> None:
     """The supervisor: make the namespaces, start the episode's process, report its pid and,
     once it has ended, its wait status."""
     try:
         os.setsid()  # its own session and process group: `_stop` kills all of it
         limits.die_with_parent(parent)
-        if program is not None:
+        if sandboxed:
             limits.new_user_and_pid_namespace()
         alive_read, alive_write = os.pipe()  # EOF at the episode's end when the supervisor is gone
         pid = os.fork()
@@ -164,7 +170,7 @@ def _supervise(parent: int, episode_fd: int, request: dict, program: bytes | Non
     if pid == 0:
         os.close(status_fd)
         os.close(alive_write)
-        _run_episode(episode_fd, request, program, alive_read)
+        _run_episode(episode_fd, request, sandboxed, program, alive_read)
         return
     os.close(episode_fd)
     os.close(alive_read)
@@ -181,18 +187,19 @@ def _supervise(parent: int, episode_fd: int, request: dict, program: bytes | Non
     os.write(status_fd, str(status).encode())
 
 
-def _run_episode(episode_fd: int, request: dict, program: bytes | None, alive_fd: int) -> None:
+def _run_episode(episode_fd: int, request: dict, sandboxed: bool, program: bytes | None, alive_fd: int) -> None:
     try:
         limits.die_with_parent(None)
         if select.select([alive_fd], [], [], 0)[0]:
             return  # the supervisor died before the prctl
-        if program is not None:
+        if sandboxed:
             limits.new_ipc_namespace()
         os.setsid()
         limits.volunteer_for_oom_kill()
         limits.apply(request["limits"])
-        if program is not None:
+        if sandboxed:
             limits.drop_capabilities()
+        if program is not None:
             limits.load_seccomp(program)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # cells may write to raw fds; the host only reads replies
