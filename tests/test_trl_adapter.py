@@ -140,14 +140,14 @@ def test_appworld_ground_truth_through_execute_python_scores_one():
 # ------------------------------------------------------------------------------ GRPOTrainer, real
 
 
-def train_one_step(tmp_path, factory, dataset, tiny):
+def train_one_step(tmp_path, factory, dataset, tiny, max_completion_length=24):
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import add_response_schema
 
     model, tokenizer = tiny
     args = GRPOConfig(
         output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=2,
-        gradient_accumulation_steps=1, max_completion_length=24, learning_rate=1e-4, logging_steps=1,
+        gradient_accumulation_steps=1, max_completion_length=max_completion_length, learning_rate=1e-4, logging_steps=1,
         report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0, dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, environment_factory=factory,
@@ -190,3 +190,44 @@ def test_grpo_trainer_trains_a_step_on_bfcl_and_logs_the_envs_scores(tmp_path, t
     print("\nTRL logged rewards:", rewards, "\nactions:", [environment.steps for environment in environments])
     for reward, environment in zip(rewards, environments):
         assert reward == replayed_score("seeupo/BFCL-v4-v0", kwargs, environment.task_id, environment.steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_trl_tool_loop_drives_turnbandit_with_scripted_sampling_instead_of_the_model(tmp_path, tiny, one_torch_thread):
+    """The tiny random model never calls a tool, so here its `generate` answers from a script (rollout
+    i picks "A" if i is even, else "B", one `answer` call per step, then plain text): TRL's own
+    parsing and tool loop drive our env, and the rewards it logs differ across rollouts and equal
+    what a fresh env scores for the same actions."""
+    import torch
+
+    model, tokenizer = tiny
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    real_generate = model.generate
+
+    def scripted_generate(input_ids, attention_mask=None, **kwargs):
+        rows = []
+        for index, prompt in enumerate(input_ids):
+            steps = tokenizer.decode(prompt).count("<tool_response>")
+            label = "A" if index % 2 == 0 else "B"
+            text = (f'<tool_call>\n{{"name": "answer", "arguments": {{"label": "{label}"}}}}\n</tool_call>'
+                    if steps < 2 else "Done.")
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end])
+        width = max(len(row) for row in rows)
+        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(padded, dtype=input_ids.dtype)], dim=1)
+
+    model.generate = scripted_generate
+    try:
+        factory, dataset = make("seeupo/TurnBandit-v0", **BANDIT)
+        # Room for two calls, their results and the closing text (TRL drops tool results past it).
+        trainer = train_one_step(tmp_path, factory, dataset, (model, tokenizer), max_completion_length=256)
+    finally:
+        model.generate = real_generate
+    rewards = logged_rewards(trainer)
+    environments = trainer.environments
+    print("\nTRL logged rewards:", rewards, "\nactions:", [environment.steps for environment in environments])
+    assert all(len(environment.steps) == 2 for environment in environments)  # both steps came as tool calls
+    assert len(set(rewards)) > 1
+    for reward, environment in zip(rewards, environments):
+        assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT, environment.task_id, environment.steps)
