@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 import torch
@@ -62,10 +61,8 @@ def test_a_stale_rollout_past_the_bound_is_never_used():
 
 def test_the_collector_samples_step_j_with_version_j_minus_1_minus_s_and_loads_weights_between_collections():
     loaded, collected = [], []
-    in_collect = threading.Event()
 
     def collect(step, version):
-        in_collect.set()
         collected.append((step, version))
         return f"batch {step}"
 

