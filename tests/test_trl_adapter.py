@@ -199,25 +199,15 @@ def test_trl_tool_loop_drives_turnbandit_with_scripted_sampling_instead_of_the_m
     i picks "A" if i is even, else "B", one `answer` call per step, then plain text): TRL's own
     parsing and tool loop drive our env, and the rewards it logs differ across rollouts and equal
     what a fresh env scores for the same actions."""
-    import torch
-
     model, tokenizer = tiny
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     real_generate = model.generate
 
-    def scripted_generate(input_ids, attention_mask=None, **kwargs):
-        rows = []
-        for index, prompt in enumerate(input_ids):
-            steps = tokenizer.decode(prompt).count("<tool_response>")
-            label = "A" if index % 2 == 0 else "B"
-            text = (f'<tool_call>\n{{"name": "answer", "arguments": {{"label": "{label}"}}}}\n</tool_call>'
-                    if steps < 2 else "Done.")
-            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end])
-        width = max(len(row) for row in rows)
-        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
-        return torch.cat([input_ids, torch.tensor(padded, dtype=input_ids.dtype)], dim=1)
+    def plan(index, text):
+        first = "<tool_response>" not in text
+        label = "A" if (index % 2 == 0 if first else '"label": "A"' in text) else "B"
+        return [("answer", {"label": label})] * 2
 
-    model.generate = scripted_generate
+    model.generate = scripted(tokenizer, plan)
     try:
         factory, dataset = make("seeupo/TurnBandit-v0", **BANDIT)
         # Room for two calls, their results and the closing text (TRL drops tool results past it).
@@ -231,3 +221,71 @@ def test_trl_tool_loop_drives_turnbandit_with_scripted_sampling_instead_of_the_m
     assert len(set(rewards)) > 1
     for reward, environment in zip(rewards, environments):
         assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT, environment.task_id, environment.steps)
+
+
+def scripted(tokenizer, plan):
+    """A stand-in for `model.generate`: a row gets the next call of plan(row, prompt text) as a hermes
+    tool call (counted by the tool results already in its prompt), then plain text. `row` is the
+    position in this call's batch: TRL's later calls hold only the rollouts still calling tools, so
+    a plan must recognize its rollout from the prompt after the first call."""
+    import json
+
+    import torch
+
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(input_ids, attention_mask=None, **kwargs):
+        rows = []
+        for index, prompt in enumerate(input_ids):
+            text = tokenizer.decode(prompt)
+            calls = plan(index, text)
+            done = text.count("<tool_response>")
+            text = "Done."
+            if done < len(calls):
+                name, arguments = calls[done]
+                text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end])
+        width = max(len(row) for row in rows)
+        padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(padded, dtype=input_ids.dtype)], dim=1)
+
+    return generate
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_trl_tool_loop_drives_bfcl_with_scripted_sampling_instead_of_the_model(tmp_path, tiny, one_torch_thread):
+    """As the TurnBandit test above, on BFCL: even rollouts make the ground truth's calls (each user
+    turn closed by `end_turn`), odd ones leave out the first call; TRL's logged rewards are 1.0 and
+    0.0 and equal what a fresh env scores for the same actions."""
+    task_id = "multi_turn_miss_func_146"
+    docs = {doc.name: doc for class_docs in function_docs().values() for doc in class_docs}
+    truth = []
+    for calls in get_entry(task_id).ground_truth:
+        for call in parse_call_list("[" + ", ".join(calls) + "]") if calls else ():
+            arguments = dict(zip(docs[call.name].parameters.get("properties", {}), call.args))
+            truth.append((call.name, {**arguments, **dict(call.kwargs)}))
+        truth.append(("end_turn", {"reply": "Done."}))
+    model, tokenizer = tiny
+    real_generate = model.generate
+
+    def plan(index, text):
+        first = "<tool_response>" not in text
+        # Our own call text: miss_func's reveal also names functions, as `"name": ..., "description"`.
+        whole = index % 2 == 0 if first else f'{{"name": "{truth[0][0]}", "arguments"' in text
+        return truth if whole else truth[1:]
+
+    model.generate = scripted(tokenizer, plan)
+    try:
+        factories, dataset = make("seeupo/BFCL-v4-v0", task_ids=[task_id, task_id], categories=["miss_func"])
+        trainer = train_one_step(tmp_path, factories, dataset, (model, tokenizer), max_completion_length=2048)
+    finally:
+        model.generate = real_generate
+    rewards = logged_rewards(trainer)
+    environments = trainer.environments
+    print("\nTRL logged rewards:", rewards, "\nactions:", [len(environment.steps) for environment in environments])
+    assert rewards == [1.0, 0.0, 1.0, 0.0]
+    assert [len(environment.steps) for environment in environments] == [len(truth), len(truth) - 1] * 2
+    kwargs = {"categories": ["miss_func"], "split": "all", "action_format": "tools", "max_turns": 50}
+    for reward, environment in zip(rewards, environments):
+        assert reward == replayed_score("seeupo/BFCL-v4-v0", kwargs, environment.task_id, environment.steps)
