@@ -420,9 +420,10 @@ def packing_with(samples: Sequence[TurnSample], others: Sequence[TurnSample]) ->
 
 
 def select_rows(tokens: TokenLogprobs, rows: Sequence[int]) -> TokenLogprobs:
-    """The rows `rows` of `tokens` (autograd kept)."""
+    """The rows `rows` of `tokens` (autograd kept), with their sampling logprobs when present."""
     index = torch.tensor(list(rows), dtype=torch.long, device=tokens.mask.device)
-    return TokenLogprobs(tokens.logprobs[index], tokens.mask[index])
+    sampled = tokens.sampled[index] if tokens.sampled is not None else None
+    return TokenLogprobs(tokens.logprobs[index], tokens.mask[index], sampled=sampled, sampled_cap=tokens.sampled_cap)
 
 
 def part_sequence_ratios(

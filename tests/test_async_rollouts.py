@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import seeupo_gym  # noqa: F401  (registers the ids)
-from seeupo_gym.agents.backends import Completion, HFBackend, SamplingParams
+from seeupo_gym.agents.backends import Backend, Completion, HFBackend, SamplingParams
 from seeupo_gym.agents.backends.engine import SerialEngine, engine_for
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.vector import VectorAgent
@@ -194,7 +194,13 @@ def test_a_crashing_env_ends_only_its_episode_in_the_per_episode_schedule(tiny):
 
 
 def test_a_failing_backend_fails_the_per_episode_collection(tiny):
-    class Broken:
+    class Broken(Backend):
+        def generate(self, prompts, sampling):
+            raise RuntimeError("engine died")
+
+        def update_weights(self, state_dict_or_model):
+            pass
+
         def submit(self, prompt, sampling):
             from concurrent.futures import Future
 

@@ -17,6 +17,7 @@ from openenv.core import GenericEnvClient  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 import seeupo_gym  # noqa: E402,F401
+from seeupo_gym.agents.backends import Backend  # noqa: E402
 from seeupo_gym.bfcl import get_entry, render_action, render_turn_end  # noqa: E402
 from seeupo_gym.remote import RemoteEnv, RemoteEnvError  # noqa: E402
 from serve_helpers import serving  # noqa: E402
@@ -340,7 +341,7 @@ def test_the_vector_agent_on_a_server_collects_the_local_batch(bandit_server, ti
     assert remote == run() and "env_error" not in [t[2] for t in remote]
 
 
-class DropsASession:
+class DropsASession(Backend):
     """Wraps the real backend; before its second call it drops env slot 0's connection (a lost session)."""
 
     def __init__(self, backend):
@@ -351,6 +352,9 @@ class DropsASession:
         if self.calls == 2:
             self.agent.envs[0].unwrapped._ws.close()
         return self.backend.generate(prompts, sampling)
+
+    def update_weights(self, state_dict_or_model):
+        self.backend.update_weights(state_dict_or_model)
 
 
 def test_a_lost_session_ends_its_episode_as_an_env_error_and_the_env_is_replaced(bandit_server, tiny,

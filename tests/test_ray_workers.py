@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import seeupo_gym  # noqa: E402,F401
-from seeupo_gym.agents.backends import HFBackend, SamplingParams  # noqa: E402
+from seeupo_gym.agents.backends import Backend, HFBackend, SamplingParams  # noqa: E402
 from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent  # noqa: E402
 from seeupo_gym.remote import RemoteEnvError  # noqa: E402
 from seeupo_gym.remote_ray import RayEnv  # noqa: E402
@@ -49,7 +49,7 @@ def test_ray_workers_collect_the_same_batch_as_local_envs(local_ray, tiny):
     assert len(on_ray) == 4 and END_ENV_ERROR not in [t[5] for t in on_ray]  # no env error on either side
 
 
-class KillsAWorker:
+class KillsAWorker(Backend):
     """Wraps the real backend; before its second call it kills the Ray actor of env slot 0."""
 
     def __init__(self, backend):
@@ -62,6 +62,9 @@ class KillsAWorker:
             self.killed.append(actor)
             ray.kill(actor, no_restart=True)
         return self.backend.generate(prompts, sampling)
+
+    def update_weights(self, state_dict_or_model):
+        self.backend.update_weights(state_dict_or_model)
 
 
 def test_a_worker_killed_mid_episode_ends_it_as_an_env_error_and_is_replaced(local_ray, tiny):

@@ -99,6 +99,11 @@ class Backend(ABC):
         """A backend serving a run whose learner trains `model`, holding its current weights."""
         raise NotImplementedError(f"{cls.__name__} cannot serve a training run")
 
+    def overlapped_sampler(self) -> "Backend":
+        """A backend that keeps sampling while the learner changes the weights (overlapped
+        collection, `train.max_staleness` > 0); new weights reach it only through `update_weights`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sample while the learner updates")
+
 
 def check_prompts(prompts: list[list[int]]) -> None:
     """Refuse empty prompts before they reach a model (which would index an empty sequence)."""

@@ -101,6 +101,16 @@ class HFBackend(Backend):
         # It generates with the very module being trained: a sync only empties its prefix cache.
         return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20)
 
+    def overlapped_sampler(self) -> "HFBackend":
+        # This backend generates with the very module being trained: the sampler gets a frozen copy.
+        import copy
+
+        model = copy.deepcopy(self.model)
+        model.requires_grad_(False)
+        cache = self.prefix_cache.max_bytes if self.prefix_cache is not None else 0
+        return type(self)(model, self.tokenizer, max_batch_size=self.max_batch_size,
+                          prefill_per_row=self.prefill_per_row, prefix_cache_bytes=cache)
+
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         """One request, batched continuously with whatever else is in flight (`hf_engine.HFEngine`);
         `sampling.seed` seeds this request alone."""

@@ -269,6 +269,13 @@ class VLLMBackend(Backend):
             loop = self._engine_loop = VLLMEngineLoop(self)
         return loop.submit(prompt, sampling)
 
+    def overlapped_sampler(self) -> "VLLMBackend":
+        # The engine holds its own copy of the weights already; it samples on while the learner updates.
+        if self.enable_lora:
+            raise ValueError("sampling while the learner updates pushes full weights to the engine; LoRA adapters "
+                             "are not supported there yet (use train.max_staleness 0 or generation.backend=hf)")
+        return self
+
     def update_weights(self, state_dict_or_model: Any) -> None:
         self._wake()
         source = state_dict_or_model

@@ -322,20 +322,10 @@ class Trainer:
             logger.warning("train.max_staleness > 0: the importance weights compare the learner's logprobs (temperature 1) "
                            "with the sampler's at temperature %s; they are exact at temperature 1",
                            self.config.sampling.temperature)
-        if generation.backend == "hf":
-            import copy
-
-            from seeupo_gym.agents.backends.hf import HFBackend
-
-            # The learner changes its module during the update: the sampler generates with a copy.
-            sampler_model = copy.deepcopy(self.accelerator.unwrap_model(self.model))
-            sampler_model.requires_grad_(False)
-            sampler = HFBackend(sampler_model, self.tokenizer, prefix_cache_bytes=generation.prefix_cache_mib << 20)
-        else:
-            if self.config.model.lora is not None:
-                raise ConfigError("train.max_staleness > 0 with generation.backend=vllm pushes full weights; "
-                                  "LoRA adapters are not supported there yet (use max_staleness 0 or the hf backend)")
-            sampler = self.backend
+        try:
+            sampler = self.backend.overlapped_sampler()
+        except (NotImplementedError, ValueError) as error:
+            raise ConfigError(f"train.max_staleness > 0 with generation.backend={generation.backend}: {error}") from error
         self.agent.backend = sampler
         self.learner.behaviour_cap = cfg.importance_cap
 
@@ -384,7 +374,8 @@ class Trainer:
 
         cfg, env, sampling = self.config.train, self.config.env, self.config.sampling
         record: dict[str, float] | None = None
-        # A vLLM engine shared with an overlapped collection evaluates between two collections.
+        # An engine shared with an overlapped collection (the sampler is the backend itself) evaluates
+        # between two collections.
         shared = self._overlap is not None and self.agent.backend is self.backend
         if self.is_main:
             with self._overlap.paused(reload=True) if shared else contextlib.nullcontext():  # type: ignore[union-attr]
