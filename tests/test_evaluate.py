@@ -62,6 +62,28 @@ def test_scripted_answers_give_the_scores_of_the_task_table_and_the_definitions(
     assert all(t.rollouts == 3 for t in result.tasks)
 
 
+def test_evaluation_steps_the_envs_as_the_config_says(tiny):
+    from seeupo_gym.training.config import load_config
+    from seeupo_gym.training.tasks import agent_options
+
+    _, tokenizer = tiny
+    env = load_config("tiny-turnbandit", ["env.vectorization=async", "env.schedule=per_episode"]).env
+    options = agent_options(env)
+    assert options == {"vectorization": "async", "schedule": "per_episode", "workers": "local", "url": None,
+                       "worker_options": {}}
+    ids = [task.task_id for task in make_tasks("easy", num_tasks=6, seed=0, turns=(2, 2), options=2)[:2]]
+    run = dict(k=1, n=2, max_new_tokens=4, num_envs=2, env_kwargs=EASY)
+    # The options reach the agent: a per-episode, threaded evaluation scores what a plain one does
+    # (scripted answers do not depend on the schedule), and a bad schedule is refused by the agent.
+    plain = evaluate_policy(ScriptedBackend(tokenizer, ["A"]), tokenizer, "seeupo/TurnBandit-v0", ids, **run)
+    configured = evaluate_policy(ScriptedBackend(tokenizer, ["A"]), tokenizer, "seeupo/TurnBandit-v0", ids,
+                                 agent_options=options, **run)
+    assert [t.mean_score for t in configured.tasks] == [t.mean_score for t in plain.tasks]
+    with pytest.raises(ValueError, match="schedule"):
+        evaluate_policy(ScriptedBackend(tokenizer, ["A"]), tokenizer, "seeupo/TurnBandit-v0", ids,
+                        agent_options={**options, "schedule": "round_robin"}, **run)
+
+
 def test_pass_at_k_uses_the_unbiased_estimator_over_n_rollouts(tiny):
     _, tokenizer = tiny
     tasks = make_tasks("easy", num_tasks=6, seed=0, turns=(2, 2), options=2)

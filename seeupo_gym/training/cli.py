@@ -193,7 +193,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         if args.split:
             flags["split"] = args.split
         config = config_from_dict(config.to_dict())  # re-check the values the flags set
-        from seeupo_gym.training.tasks import env_workers, eval_env_kwargs, eval_task_ids
+        from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids
 
         env_kwargs = eval_env_kwargs(config.env, flags)
         if args.tasks:
@@ -241,10 +241,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         num_envs=args.num_envs or config.env.num_envs,
         max_context_tokens=config.env.max_context_tokens,
         env_kwargs=env_kwargs,
-        vectorization=config.env.vectorization,
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts),
-        env_workers=env_workers(config.env),
+        agent_options=agent_options(config.env),
     )
     result.model = config.model.name_or_path
     result.checkpoint = args.checkpoint

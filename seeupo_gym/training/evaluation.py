@@ -128,17 +128,17 @@ def evaluate_policy(
     num_envs: int = 8,
     max_context_tokens: int = 8192,
     env_kwargs: dict[str, Any] | None = None,
-    vectorization: str = "sync",
     progress: bool = False,
     keep_rollouts: bool = False,
     desc: str = "eval",
-    env_workers: dict[str, Any] | None = None,
+    agent_options: dict[str, Any] | None = None,
 ) -> EvalResult:
     """n rollouts of every task with `backend` (a `agents.backends` Backend); avg@k and pass@k.
 
     Tasks are collected in chunks of about four env-loads of episodes so a progress bar can
     move; a chunk's seed is derived from (seed, chunk index), so the same arguments give the
-    same rollouts. `env_workers`: where the envs run, as VectorAgent's workers / url / worker_options.
+    same rollouts. `agent_options`: more VectorAgent keyword arguments (vectorization, schedule,
+    workers, url, worker_options; `training.tasks.agent_options` of a config).
     """
     from tqdm.auto import tqdm
 
@@ -167,8 +167,7 @@ def evaluate_policy(
         sampling=sampling,
         max_context_tokens=max_context_tokens,
         env_kwargs=env_kwargs,
-        vectorization=vectorization,
-        **(env_workers or {}),
+        **(agent_options or {}),
     ) as agent:
         for index, begin in enumerate(range(0, len(tasks), chunk)):
             part = tasks[begin : begin + chunk]

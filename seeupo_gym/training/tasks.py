@@ -35,6 +35,12 @@ def env_workers(env: EnvConfig) -> dict[str, Any]:
     return {"workers": env.workers, "url": env.url, "worker_options": env.worker_options}
 
 
+def agent_options(env: EnvConfig) -> dict[str, Any]:
+    """VectorAgent's keyword arguments that say how the config's envs are stepped and where they
+    run, the same for training and evaluation."""
+    return {"vectorization": env.vectorization, "schedule": env.schedule, **env_workers(env)}
+
+
 def listed_task_ids(env: EnvConfig, env_kwargs: dict[str, Any]) -> list[str]:
     """`env_task_ids` of the config's env with `env_kwargs`, asked where the envs run (locally,
     on Ray workers or behind `env.url`)."""

@@ -33,7 +33,7 @@ from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
-from seeupo_gym.training.tasks import env_workers, eval_env_kwargs, eval_task_ids, train_task_ids
+from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +202,7 @@ class Trainer:
                 sampling=SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p),
                 max_context_tokens=env.max_context_tokens,
                 env_kwargs=dict(env_kwargs),
-                vectorization=env.vectorization,
-                workers=env.workers,
-                url=env.url,
-                worker_options=env.worker_options,
-                schedule=env.schedule,
+                **agent_options(env),
             )
         except Exception as error:
             raise ConfigError(f"env {env.id!r} with kwargs {env_kwargs}: cannot start the agent's envs: {error}") from error
@@ -395,8 +391,7 @@ class Trainer:
                     num_envs=env.num_envs,
                     max_context_tokens=env.max_context_tokens,
                     env_kwargs=eval_env_kwargs(env, env_kwargs),
-                    vectorization=env.vectorization,
-                    env_workers=env_workers(env),
+                    agent_options=agent_options(env),
                     progress=progress,
                     desc=f"eval step {self.state.step}",
                 )
