@@ -38,8 +38,6 @@ import torch
 
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.agents.backends.base import (
-    FINISH_LENGTH,
-    FINISH_STOP,
     Backend,
     Completion,
     SamplingParams,
@@ -245,16 +243,9 @@ class VLLMBackend(Backend):
             )
             requests.append(vllm.TokensPrompt(prompt_token_ids=list(prompt)))
         outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
-        completions = []
-        for output in outputs:
-            sample = output.outputs[0]
-            token_ids = list(sample.token_ids)
-            logprobs = [float(position[token].logprob) for position, token in zip(sample.logprobs or [], token_ids)]
-            if len(logprobs) != len(token_ids):
-                raise RuntimeError("vLLM returned no logprob for some sampled tokens")
-            finish = FINISH_LENGTH if sample.finish_reason == "length" else FINISH_STOP
-            completions.append(Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish))
-        return completions
+        from seeupo_gym.agents.backends.vllm_engine import completion_from
+
+        return [completion_from(output) for output in outputs]
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         """One request into vLLM's continuous batching (`vllm_engine.VLLMEngineLoop`); `sampling.seed`
