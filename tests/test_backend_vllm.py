@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,14 +174,18 @@ def test_seeupo_train_with_vllm_generation_samples_what_the_learner_scores_after
 
     train = Trainer.train
     monkeypatch.setattr(Trainer, "train", lambda self, on_step=None: train(self, on_step=check_after_sync))
+    # The length-shaped BFCL env (trainer_helpers): the tiny model never solves a task, and a step
+    # without a reward signal has no gradient and takes no optimizer step, so nothing would move.
+    helpers = Path(__file__).with_name("trainer_helpers.py")
     code = train_main([
         "--config", "tiny-cpu", "generation.backend=vllm", "generation.enforce_eager=true",
         f"log.output_dir={tmp_path}", "log.trackers=[]", "log.progress_bars=false",
+        f"plugins=[{helpers}]", "env.id=test/BFCL-v4-length-shaped-v0",
     ])
     assert code == 0
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     assert len(gaps) == 2 and max(gaps) < 1e-3
     # The pushed weights are the trained ones, not the initial ones (a step whose rewards were
-    # all equal has zero advantages and leaves the weights where they were: hence max).
+    # all equal has no gradient and leaves the weights where they were: hence max).
     assert max(moved) > 1e-3
