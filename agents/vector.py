@@ -2,7 +2,7 @@
 
 Two schedules (`schedule=`):
 
-- "per_episode": no episode waits for another. Each episode's request goes to the backend the
+- "per_episode" (the default): no episode waits for another. Each episode's request goes to the backend the
   moment its context is ready (`submit`, see `backends/engine.py`; HF and vLLM batch whatever
   is in flight, continuously); as soon as its completion returns, its env steps (in a thread
   pool with `vectorization="async"`, else in this thread) while the others generate, and its
@@ -10,7 +10,8 @@ Two schedules (`schedule=`):
   the same rollouts whatever the timing.
 - "lockstep": each step, every episode that waits for a response is put into ONE backend call;
   the envs are then stepped (in this thread, or concurrently in a thread pool); the step lasts
-  as long as its longest response and its slowest env. Kept for comparison.
+  as long as its longest response and its slowest env. Kept for comparison, and for runs
+  whose seeded rollouts must match earlier lockstep runs (the two draw different seeds).
 
 In both, finished episodes are recorded and their env slots take the next pending episode.
 
@@ -179,8 +180,9 @@ class VectorAgent:
         schedule: "per_episode" or "lockstep" (see the module docstring).
         sampling_for: optional (episode index, turn) -> SamplingParams of that turn (its seed is
             replaced); default `sampling` for every turn. The context budget counts
-            `sampling.max_new_tokens`. With lockstep, a step of differing params goes through the
-            backend's `submit` and waits for every request (e.g. benchmarks drawing response lengths).
+            `sampling.max_new_tokens`. With lockstep, each step's requests then go through the
+            backend's `submit`, seeded per (episode, turn) as in the per-episode schedule, and the
+            step waits for all of them: both schedules sample the same rollouts (benchmarks).
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class VectorAgent:
         workers: Literal["local", "ray"] = "local",
         url: str | None = None,
         worker_options: dict[str, Any] | None = None,
-        schedule: Literal["per_episode", "lockstep"] = "lockstep",
+        schedule: Literal["per_episode", "lockstep"] = "per_episode",
         sampling_for: Callable[[int, int], SamplingParams] | None = None,
     ) -> None:
         if schedule not in SCHEDULES:
@@ -286,11 +288,11 @@ class VectorAgent:
             slots = sorted(running)
             prompts = [running[slot].context for slot in slots]
             tick = time.perf_counter()
-            call_seed = derive_seed(seed, _LOCKSTEP_CALL, call_index)
             if self.sampling_for is None:
+                call_seed = derive_seed(seed, _LOCKSTEP_CALL, call_index)
                 completions = self.backend.generate(prompts, replace(self.sampling, seed=call_seed))
             else:
-                completions = self._generate_each([running[slot] for slot in slots], call_seed)
+                completions = self._generate_each([running[slot] for slot in slots], seed)
             stats.generate_seconds += time.perf_counter() - tick
             stats.backend_calls += 1
             call_index += 1
@@ -306,14 +308,12 @@ class VectorAgent:
                 if self._advance(slot, episode, completion, action, outcome):
                     del running[slot]
 
-    def _generate_each(self, episodes: list[_Episode], call_seed: int) -> list[Completion]:
-        """One lockstep call whose rows have their own sampling params: submitted together, awaited together."""
+    def _generate_each(self, episodes: list[_Episode], seed: int) -> list[Completion]:
+        """One lockstep call whose rows have their own sampling params: submitted together, awaited
+        together, each seeded as the per-episode schedule seeds it (so both sample the same rollouts)."""
         engine, owned = engine_for(self.backend)
         try:
-            futures = [
-                engine.submit(e.context, replace(self._turn_sampling(e), seed=derive_seed(call_seed, row)))
-                for row, e in enumerate(episodes)
-            ]
+            futures = [engine.submit(e.context, self._request_sampling(e, seed)) for e in episodes]
             return [future.result() for future in futures]
         finally:
             if owned:
@@ -340,10 +340,8 @@ class VectorAgent:
                 on_env(_Waiting("reset", slot, episode), self._reset, slot, episode)
 
         def request(slot: int, episode: _Episode) -> None:
-            turn = len(episode.turns) + 1
-            sampling = replace(self._turn_sampling(episode), seed=derive_seed(seed, _EPISODE_TURN, episode.index, turn))
             work = _Waiting("generate", slot, episode, started=time.perf_counter())
-            waiting[engine.submit(episode.context, sampling)] = work
+            waiting[engine.submit(episode.context, self._request_sampling(episode, seed))] = work
             stats.backend_calls += 1
 
         try:
@@ -457,10 +455,11 @@ class VectorAgent:
             return False
         return True
 
-    def _turn_sampling(self, episode: _Episode) -> SamplingParams:
-        if self.sampling_for is None:
-            return self.sampling
-        return self.sampling_for(episode.index, len(episode.turns) + 1)
+    def _request_sampling(self, episode: _Episode, seed: int) -> SamplingParams:
+        """The sampling of the episode's next turn, seeded by (collection seed, episode, turn)."""
+        turn = len(episode.turns) + 1
+        sampling = self.sampling if self.sampling_for is None else self.sampling_for(episode.index, turn)
+        return replace(sampling, seed=derive_seed(seed, _EPISODE_TURN, episode.index, turn))
 
     def _record_turn(self, episode: _Episode, completion: Completion, action: str, stats: CollectStats) -> None:
         episode.turns.append(

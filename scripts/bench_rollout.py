@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--max-context-tokens", type=int, default=16384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedule", choices=("per_episode", "lockstep"), default="per_episode")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--prefix-cache-mib", type=float, default=None,
                         help="HF backend prefix cache bound in MiB (0: off; default: the backend's)")
@@ -140,12 +141,12 @@ def main() -> None:
 
     print(f"model={args.model} dtype={args.dtype} device={args.device} threads={torch.get_num_threads()} "
           f"env={args.env} tasks={args.tasks} group_size={args.group_size} envs={num_envs} "
-          f"max_turns={args.max_turns} max_new_tokens={args.max_new_tokens} backend={backend_kwargs or 'default'}")
+          f"max_turns={args.max_turns} max_new_tokens={args.max_new_tokens} schedule={args.schedule} backend={backend_kwargs or 'default'}")
     print(f"model load peak RSS {load_memory['peak_rss_gib']:.2f} GiB")
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     with VectorAgent(
         args.env, backend, tokenizer, num_envs=num_envs, sampling=sampling,
-        max_context_tokens=args.max_context_tokens, env_kwargs={"max_turns": args.max_turns},
+        max_context_tokens=args.max_context_tokens, env_kwargs={"max_turns": args.max_turns}, schedule=args.schedule,
     ) as agent, peak_rss() as memory, fed_tokens(model) as fed:
         cpu_start = time.process_time()
         batch = agent.collect(tasks, group_size=args.group_size, seed=args.seed)

@@ -98,6 +98,27 @@ def test_same_seed_per_episode_collections_repeat_exactly_whatever_the_timing(ti
     assert rollouts(other) != rollouts(fast)
 
 
+def test_with_per_turn_sampling_both_schedules_sample_the_same_rollouts(tiny):
+    """What bench_schedules relies on: lockstep seeds each request as per-episode does, so the
+    two schedules collect the same episodes and only their timing differs."""
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer)
+
+    def sampling_for(episode: int, turn: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=2 + (episode + turn) % 5)
+
+    batches = {}
+    for schedule in ("lockstep", "per_episode"):
+        with VectorAgent(
+            BANDIT, backend, tokenizer, num_envs=5, sampling=SamplingParams(max_new_tokens=6), max_context_tokens=2048,
+            env_kwargs=BANDIT_KWARGS, schedule=schedule, sampling_for=sampling_for,
+        ) as agent:
+            batches[schedule] = agent.collect([None, None], group_size=4, seed=8)
+    assert rollouts(batches["lockstep"]) == rollouts(batches["per_episode"])
+    lengths = {len(turn.response_ids) for t in batches["lockstep"] for turn in t.turns}
+    assert len(lengths) > 2  # the per-turn limits did apply
+
+
 def test_per_episode_rollouts_on_bfcl_are_token_in_token_out(tiny):
     model, tokenizer = tiny
     with VectorAgent(
@@ -146,6 +167,30 @@ def test_a_request_joining_a_running_decode_batch_samples_what_it_samples_alone(
     assert first.result(timeout=60).token_ids == first_alone.token_ids
     assert first.result().logprobs == pytest.approx(first_alone.logprobs, abs=1e-5)
     assert backend._engine.peak_rows == 2
+
+
+def test_a_sliding_window_model_is_served_one_request_at_a_time_with_the_same_samples(tiny, caplog):
+    from transformers import AutoModelForCausalLM
+
+    from seeupo_gym.agents.models import tiny_config
+
+    _, tokenizer = tiny
+    config = tiny_config(tokenizer)
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 8, 1
+    config.layer_types = ["full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    backend = HFBackend(model, tokenizer)
+    prompts = [tokenizer("hello there " * k)["input_ids"] for k in (3, 9)]
+    samplings = [SamplingParams(max_new_tokens=n, seed=5 + n) for n in (6, 10)]
+    alone = [backend.generate([p], s)[0] for p, s in zip(prompts, samplings)]
+    model.train()
+    futures = [backend.submit(p, s) for p, s in zip(prompts, samplings)]
+    served = [f.result(timeout=60) for f in futures]
+    assert [c.token_ids for c in served] == [c.token_ids for c in alone]
+    assert "one at a time" in caplog.text and backend._engine.peak_rows == 0
+    assert backend.submit(prompts[0], samplings[0]).result(timeout=60).token_ids == alone[0].token_ids
+    assert model.training  # the module's own mode is given back
 
 
 def test_a_backend_without_submit_gets_one_generate_call_per_request():

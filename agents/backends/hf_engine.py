@@ -8,7 +8,10 @@ never waits for another to finish: a short response returns while a long one sti
 and the next turn of its episode joins the batch a step later.
 
 Each request samples from its own generator seeded with `sampling.seed`, so what it samples
-does not depend on which other requests share its steps. Rows may differ in every sampling
+does not depend on which other requests share its steps.
+
+A model whose KV cache cannot be cut into rows and joined (sliding-window or linear-attention
+layers) is served one request at a time instead, with the same samples; a warning says so once. Rows may differ in every sampling
 parameter (max_new_tokens, stop tokens and strings, temperature, top_p).
 
 Not thread-safe against `HFBackend.generate` on the same backend: use one or the other at a
@@ -56,6 +59,10 @@ class _Batch:
     attention_mask: torch.Tensor
 
 
+class _NotJoinable(Exception):
+    """The model's KV cache has layers other than plain full-attention ones."""
+
+
 class HFEngine:
     """The decode loop of one `HFBackend` as a service: `submit` a prompt, get a future.
 
@@ -73,6 +80,7 @@ class HFEngine:
         self.decode_steps = 0
         self.peak_rows = 0
         self._was_training = False  # the module's mode before the current burst of requests
+        self._one_at_a_time = False  # set when the model's KV cache cannot be joined row-wise
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         check_prompts([prompt])
@@ -133,7 +141,16 @@ class HFEngine:
                 model.eval()
             try:
                 with torch.no_grad():
-                    batch = self._iterate(batch, admitted)
+                    if self._one_at_a_time:
+                        self._serve_alone(admitted)
+                    else:
+                        batch = self._iterate(batch, admitted)
+            except _NotJoinable:
+                logger.warning("this model's KV cache cannot be joined row-wise (sliding-window or linear-attention "
+                               "layers): serving requests one at a time, without continuous batching")
+                self._one_at_a_time = True
+                with torch.no_grad():
+                    self._serve_alone(admitted)
             except BaseException as error:  # handed to every caller in flight; the loop goes on
                 logger.exception("continuous batching step failed")
                 model.train(self._was_training)
@@ -212,10 +229,9 @@ class HFEngine:
                 logits_to_keep=1,
             )
             if not plain_layers(out.cache):
-                raise NotImplementedError(
-                    "continuous batching needs plain full-attention KV caches (this model has sliding-window or "
-                    "linear-attention layers); use VectorAgent(..., schedule='lockstep')"
-                )
+                if batch is not None or rows:
+                    raise RuntimeError("a model's KV cache changed kind between requests")
+                raise _NotJoinable
             layers = [(layer.keys, layer.values) for layer in out.cache.layers]
             backend._remember(request.prompt, layers)  # the group's next rollout starts here
             logits.append(out.logits[:, -1, :])
@@ -225,6 +241,20 @@ class HFEngine:
             return _Batch(admitted, torch.cat(logits, dim=0), cache, attention_mask)
         cache, attention_mask = _stack(batch.cache, batch.attention_mask, cache, attention_mask)
         return _Batch(batch.rows + admitted, torch.cat([batch.logits] + logits, dim=0), cache, attention_mask)
+
+    def _serve_alone(self, admitted: list[_Request]) -> None:
+        """Each request decoded on its own (`HFBackend`'s own loop, same generator, same samples)."""
+        model = self.backend.model
+        for request in admitted:
+            model.eval()
+            try:
+                (completion,) = self.backend._generate_batch([request.prompt], request.sampling, request.generator)
+            except BaseException as error:
+                model.train(self._was_training)
+                request.future.set_exception(error)
+            else:
+                model.train(self._was_training)  # before the caller resumes (and maybe trains it)
+                request.future.set_result(completion)
 
     def _sample(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, each row from its own generator (rows grouped by temperature, top_p)."""

@@ -31,6 +31,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,30 +222,15 @@ class VLLMBackend(Backend):
         if self._weights_dropped:
             raise RuntimeError("the engine slept at level 2 (weights dropped): push weights with update_weights first")
         self._wake()
-        vllm = self._vllm
-        stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
-        requests = []
-        params = []
-        for i, prompt in enumerate(prompts):
-            seed = None if sampling.seed is None else derive_seed(sampling.seed, i)
-            params.append(
-                vllm.SamplingParams(
-                    n=1,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    max_tokens=sampling.max_new_tokens,
-                    stop=list(sampling.stop_strings) or None,
-                    stop_token_ids=stop_ids,
-                    include_stop_str_in_output=True,
-                    skip_special_tokens=False,
-                    seed=seed,
-                    logprobs=0,  # the sampled token's logprob only
-                )
-            )
-            requests.append(vllm.TokensPrompt(prompt_token_ids=list(prompt)))
-        outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
-        from seeupo_gym.agents.backends.vllm_engine import completion_from
+        from seeupo_gym.agents.backends.vllm_engine import completion_from, request_params
 
+        # One parameter set per request (the Backend contract: the stop ids are the whole rule).
+        params = [
+            request_params(self, replace(sampling, seed=None if sampling.seed is None else derive_seed(sampling.seed, i)))
+            for i in range(len(prompts))
+        ]
+        requests = [self._vllm.TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
         return [completion_from(output) for output in outputs]
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":

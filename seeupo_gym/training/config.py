@@ -73,8 +73,9 @@ class EnvConfig:
     vectorization: Literal["sync", "async"] = "sync"
     # "per_episode": each episode's next request goes to the backend as soon as its env answered
     # (continuous batching, no episode waits for another); "lockstep": one backend call per step
-    # for every waiting episode, then every env steps (see agents/vector.py).
-    schedule: Literal["per_episode", "lockstep"] = "lockstep"
+    # for every waiting episode, then every env steps (see agents/vector.py). The two draw
+    # different seeds: a run repeats only under the schedule it was run with.
+    schedule: Literal["per_episode", "lockstep"] = "per_episode"
     # Longest context the agent feeds the model; longer episodes end truncated.
     max_context_tokens: int = 8192
     # Where the envs run: "local" (in this process) or "ray" (each env a Ray actor, placed by Ray;
