@@ -226,7 +226,7 @@ def test_dropped_think_blocks_rebuild_the_context_from_messages_with_a_replaying
 def test_episodes_of_different_lengths_in_a_small_pool(tiny):
     model, tokenizer = tiny
     backend = HFBackend(model, tokenizer)
-    with scripted_agent(backend, tokenizer, num_envs=2) as agent:
+    with scripted_agent(backend, tokenizer, num_envs=2, schedule="lockstep") as agent:
         batch = agent.collect(["t1", "t2", "t3", "t4"], group_size=1, seed=0)
     assert [t.task_id for t in batch] == ["t1", "t2", "t3", "t4"]
     assert [t.num_turns for t in batch] == [1, 2, 3, 3]
@@ -240,7 +240,7 @@ def test_episodes_of_different_lengths_in_a_small_pool(tiny):
 def test_one_backend_call_per_step_holds_every_waiting_episode(tiny):
     _, tokenizer = tiny
     backend = ReplayBackend(tokenizer, "hello")
-    with scripted_agent(backend, tokenizer, num_envs=6) as agent:
+    with scripted_agent(backend, tokenizer, num_envs=6, schedule="lockstep") as agent:
         batch = agent.collect(["t1", "t2", "t3"], group_size=2, seed=0)
     assert [t.num_turns for t in batch] == [1, 1, 2, 2, 3, 3]
     # Six episodes start together; after each step the finished ones leave the batch.

@@ -405,4 +405,6 @@ def test_seeupo_train_with_env_url_trains_on_the_served_env_as_on_the_local_one(
             metrics[where] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     local = {k: v for k, v in metrics["local"].items() if k.startswith(("rollout/", "update/"))}
     assert local["rollout/trajectories"] == 4.0 and local["rollout/env_errors"] == 0.0
-    assert {k: metrics["served"][k] for k in local} == local
+    # Sampled logprobs carry the decode batch's shape in their last bits (per-episode joins rows as
+    # they come), hence approx.
+    assert {k: metrics["served"][k] for k in local} == pytest.approx(local, rel=1e-6)
