@@ -2,16 +2,17 @@
 
 Two schedules (`schedule=`):
 
-- "per_episode" (the default): no episode waits for another. Each episode's request goes to the backend the
-  moment its context is ready (`submit`, see `backends/engine.py`; HF and vLLM batch whatever
-  is in flight, continuously); as soon as its completion returns, its env steps (in a thread
-  pool with `vectorization="async"`, else in this thread) while the others generate, and its
-  next request follows at once. Request seeds are per (episode, turn), so the same seed gives
-  the same rollouts whatever the timing.
+- "per_episode" (the default): no episode waits for another. Each episode's request goes to
+  the backend the moment its context is ready (`submit`, see `backends/engine.py`; HF and vLLM
+  batch whatever is in flight, continuously); as soon as its completion returns, its env steps
+  (in a thread pool with `vectorization="async"`, else in this thread) while the others
+  generate, and its next request follows at once. Request seeds are per (episode, turn), so
+  the same seed gives the same rollouts whatever the timing.
 - "lockstep": each step, every episode that waits for a response is put into ONE backend call;
   the envs are then stepped (in this thread, or concurrently in a thread pool); the step lasts
   as long as its longest response and its slowest env. Kept for comparison, and for runs
-  whose seeded rollouts must match earlier lockstep runs (the two draw different seeds).
+  whose seeded rollouts must match earlier lockstep runs: it seeds each call, so its rollouts
+  differ from per-episode's (except with `sampling_for`, where it seeds each request alike).
 
 In both, finished episodes are recorded and their env slots take the next pending episode.
 

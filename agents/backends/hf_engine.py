@@ -8,11 +8,11 @@ never waits for another to finish: a short response returns while a long one sti
 and the next turn of its episode joins the batch a step later.
 
 Each request samples from its own generator seeded with `sampling.seed`, so what it samples
-does not depend on which other requests share its steps.
+does not depend on which other requests share its steps. Rows may differ in every sampling
+parameter (max_new_tokens, stop tokens and strings, temperature, top_p).
 
 A model whose KV cache cannot be cut into rows and joined (sliding-window or linear-attention
-layers) is served one request at a time instead, with the same samples; a warning says so once. Rows may differ in every sampling
-parameter (max_new_tokens, stop tokens and strings, temperature, top_p).
+layers) is served one request at a time instead, with the same samples; a warning says so once.
 
 Not thread-safe against `HFBackend.generate` on the same backend: use one or the other at a
 time (the module, its prefix cache and its training mode are shared).
