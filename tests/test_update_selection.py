@@ -159,3 +159,31 @@ def test_trainer_drops_flat_groups_when_asked(tmp_path):
         record = trainer.train_step()
     assert record["rollout/flat_group_rate"] == 1.0
     assert record["update/flat_groups_dropped"] == 1.0 and record["update/skipped_empty_batch"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "seeupo", "ppo"])
+def test_a_direct_update_leaves_never_started_and_masked_truncated_episodes_out(name):
+    from seeupo_gym.algorithms.base import UpdateSelection
+
+    def played(rid, reward, truncated=False):
+        return Trajectory("t0", "g", rid, [Turn([0], [int(reward < 1)], [math.log(0.5)])], reward, reward == 1, truncated)
+
+    batch = RolloutBatch([played("a", 1.0), played("b", 0.5), played("c", 0.0), played("e", 0.0, truncated=True),
+                          Trajectory("t0", "g", "d", [], 0.0, False)])  # d never started
+    algorithm = make_algorithm(name, {"kl_coef": 0.0})
+    algorithm.selection = UpdateSelection(truncated="mask")
+    metrics = algorithm.update(batch, TabularPolicy([TurnTask("t0")], lr=0.1), torch.Generator().manual_seed(0))
+    assert metrics["never_started"] == 1.0 and metrics["truncated_masked"] == 1.0
+    assert set(algorithm.schedule[0].rollout_ids) == {"a", "b", "c"}
+    if name in ("grpo", "gspo"):  # GRAE over the three played rollouts only (verl's formula)
+        expected = verl_grpo_outcome_advantage([1.0, 0.5, 0.0], ["g"] * 3, norm_adv_by_std=True)
+        assert [algorithm.schedule[0].weights[r] for r in "abc"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_direct_update_of_nothing_to_learn_from_touches_no_parameter():
+    policy = TabularPolicy([TurnTask("t0")], lr=0.1)
+    before = policy.logits.detach().clone()
+    metrics = make_algorithm("grpo").update(RolloutBatch([Trajectory("t0", "g", "d", [], 0.0, False)]), policy,
+                                            torch.Generator().manual_seed(0))
+    assert metrics == {"never_started": 1.0, "skipped_empty_batch": 1.0}
+    assert torch.equal(policy.logits.detach(), before) and policy.optimizer_steps == 0
