@@ -120,6 +120,8 @@ class AlgorithmConfig:
 
     clip_low: float = 0.2
     clip_high: float = 0.2
+    # KL penalty in the loss, on by default at the SeeUPO paper's 0.002; verl's `use_kl_loss` is off by
+    # default (set 0 for verl's default).
     kl_coef: float = 0.002
     # KL(pi || pi_ref) per token: k1 | k2 | k3 | low_var_kl (k3 clamped to [-10, 10] as verl;
     # low_var_kl is verl's name for the same estimator).
@@ -127,6 +129,8 @@ class AlgorithmConfig:
     # Sample reuse: every sample takes part in `epochs` passes, in minibatches of this many
     # samples; the same for every algorithm so that comparisons spend equal compute.
     epochs: int = 1
+    # Counted in turn samples (a minibatch closes once it holds this many, whole trajectories only);
+    # verl's `ppo_mini_batch_size` counts prompts, each with its `rollout.n` trajectories.
     minibatch_size: int = 64
 
     def __post_init__(self) -> None:

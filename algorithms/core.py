@@ -559,6 +559,9 @@ def token_policy_loss(
 ) -> tuple[torch.Tensor, LossStats]:
     """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg KL`.
 
+    No dual clip unless `clip_ratio_c` is given (verl's `compute_policy_loss_vanilla` always applies
+    its `clip_ratio_c`, default 3; the `grpo` and `ppo` configs pass 3).
+
     advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
     totals: the minibatch's, for this part (`Totals.part`) when sequences are trajectories.
     """

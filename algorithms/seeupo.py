@@ -10,7 +10,9 @@
 Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
 pool just before its update, as the authors' code does (a different estimator). `M` is keyed
-by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample.
+by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample. `s(y)` is
+GSPO's, `log s` clamped above at 10 as verl's, in the loss and in M alike; a response without tokens
+is no sequence (no loss; its s is 1).
 
 Cost: the frozen passes (old, reference) score each trajectory once, packed; the gradient passes
 of pool t are inherently prefix-length (context_t + response_t per trajectory), because the
