@@ -258,7 +258,8 @@ class Algorithm(ABC):
         self.config = config
         # The phases of the latest `update`, in order; `on_phase` sees each as it completes.
         self.schedule: list[UpdatePhase] = []
-        # Called with each phase once its update is done and its `ratios_after` are measured.
+        # Called with each phase once its update is done and its `ratios_after` are measured (SeeUPO then
+        # measures them in a pass of their own: with several processes, set it on every process).
         self.on_phase = on_phase
         self.selection = selection or UpdateSelection()
         self._updating = False
@@ -266,8 +267,9 @@ class Algorithm(ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         update = cls.__dict__.get("update")
-        if update is not None and not getattr(update, "selects_first", False) and not getattr(update, "__isabstractmethod__", False):
-            cls.update = _selecting_first(update)  # type: ignore[method-assign]
+        if update is None or getattr(update, "selects_first", False) or getattr(update, "__isabstractmethod__", False):
+            return
+        cls.update = _selecting_first(update)  # type: ignore[method-assign]
 
     def record_phase(self, phase: UpdatePhase) -> None:
         self.schedule.append(phase)
