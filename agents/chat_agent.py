@@ -67,10 +67,23 @@ def render_reply(content: str, tool_calls: Sequence[tuple[str, Any]], tools_form
     if not tools_format:
         return content
     blocks = [
-        "<tool_call>\n" + json.dumps({"name": valid_unicode(name), "arguments": arguments}, ensure_ascii=True) + "\n</tool_call>"
+        "<tool_call>\n" + json.dumps({"name": valid_unicode(name), "arguments": _valid(arguments)}, ensure_ascii=False)
+        + "\n</tool_call>"
         for name, arguments in tool_calls
     ]
     return "\n".join(([content.strip()] if content.strip() else []) + blocks)
+
+
+def _valid(value: Any) -> Any:
+    """JSON from the server with every string made valid Unicode (a `\\ud800` escape decodes to a
+    lone surrogate, which would come back out of the env's JSON parser as one)."""
+    if isinstance(value, str):
+        return valid_unicode(value)
+    if isinstance(value, list):
+        return [_valid(v) for v in value]
+    if isinstance(value, dict):
+        return {valid_unicode(str(k)): _valid(v) for k, v in value.items()}
+    return value
 
 
 def collect_chat(
