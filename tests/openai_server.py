@@ -72,10 +72,12 @@ async def _faulty(fault: str | None, body: dict[str, Any]) -> Response | None:
     return None
 
 
-def _log(request: Request, route: str) -> None:
+def _log(request: Request, route: str, data: dict[str, Any]) -> None:
     with _LOCK:
         STATE["log"].append({
             "route": route,
+            "temperature": data.get("temperature"),
+            "seed": data.get("seed"),
             "policy_version": request.headers.get("x-policy-version"),
             "authorized": request.headers.get("authorization", "").startswith("Bearer "),
         })
@@ -101,8 +103,8 @@ async def log() -> list[dict[str, Any]]:
 
 @app.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    _log(request, "completions")
     data = await request.json()
+    _log(request, "completions", data)
     from seeupo_gym.agents.backends import SamplingParams
 
     backend = _backend()
@@ -138,8 +140,8 @@ async def completions(request: Request) -> Response:
 
 @app.post("/v1/chat/completions")
 async def chat(request: Request) -> Response:
-    _log(request, "chat")
     data = await request.json()
+    _log(request, "chat", data)
     messages = data["messages"]
     fault = _take_fault()
     if STATE["script"] is not None:

@@ -257,3 +257,26 @@ def test_chat_mode_renders_the_history_in_the_openai_format():
     action.encode("utf-8")  # valid Unicode whatever the server sent
     body = json.loads(action.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
     body["arguments"]["folder"].encode("utf-8")  # and still after the env's JSON parser
+
+
+def test_eval_with_the_papers_protocol_runs_its_test_split_four_times_greedily(tmp_path, capsys):
+    from seeupo_gym.training.cli import eval_main
+
+    script = dict([_bfcl_script("multi_turn_base_100", True)])  # base_101 gets no calls: fails
+    process, url = _start(tmp_path, script)
+    try:
+        code = eval_main([
+            "--base-url", url + "/v1", "--model", "scripted", "--protocol", "paper", "--max-tasks", "2",
+            "--env-kwargs", json.dumps({"action_format": "tools"}), "--out", str(tmp_path / "result.json"),
+            "--no-progress",
+        ])
+        log = httpx.get(url + "/log").json()
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["k"], result["n"], result["temperature"]) == (4, 4, 0.0)
+    assert [t["task_id"] for t in result["tasks"]] == ["multi_turn_base_100", "multi_turn_base_101"]
+    assert {entry["temperature"] for entry in log} == {0.0}
+    assert "| scripted | 50.0 | 50.0 |" in capsys.readouterr().out

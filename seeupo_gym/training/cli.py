@@ -167,6 +167,9 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--tokenizer", help="tokens mode: the served model's tokenizer ('tiny', 'embedded', an id or path)")
     server.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
     metric = parser.add_argument_group("how")
+    metric.add_argument("--protocol", choices=("paper",),
+                        help="paper: the SeeUPO paper's evaluation (its preset's test split, each task 4 times at "
+                             "temperature 0, avg@4 and pass@4 in the paper's table layout)")
     metric.add_argument("-k", type=int, default=1, help="k of avg@k / pass@k (default 1)")
     metric.add_argument("-n", type=int, help="rollouts per task, >= k (default k); n > k lowers the variance of pass@k")
     metric.add_argument("--temperature", type=float, help="sampling temperature (default: sampling.temperature)")
@@ -184,10 +187,39 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+PAPER_PRESETS = {"seeupo/BFCL-v4-v0": "paper-bfcl", "seeupo/BFCL-v4-base-v0": "paper-bfcl", "seeupo/AppWorld-v0": "paper-appworld"}
+PAPER_K = 4
+
+
+def _apply_protocol(args: argparse.Namespace) -> None:
+    """--protocol paper: the paper's preset for the env, 4 rollouts per task at temperature 0 (its
+    authors' eval_pass_n and verl's validation sampling; see the presets' comments)."""
+    if args.protocol != "paper":
+        return
+    if args.config is None:
+        env = args.env or "seeupo/BFCL-v4-v0"
+        if env not in PAPER_PRESETS:
+            raise ConfigError(f"--protocol paper covers {sorted(PAPER_PRESETS)}, not {env!r}")
+        args.config = PAPER_PRESETS[env]
+    if (args.k, args.n) not in ((1, None), (PAPER_K, None), (PAPER_K, PAPER_K)):
+        raise ConfigError(f"--protocol paper fixes k = n = {PAPER_K}; leave -k and -n out")
+    args.k, args.n = PAPER_K, PAPER_K
+    if args.temperature is None:
+        args.temperature = 0.0
+
+
+def paper_table(result: Any) -> str:
+    """The result as a row of the paper's results table (avg@4 and pass@4, in percent)."""
+    bench = "AppWorld" if "AppWorld" in result.env_id else "BFCL"
+    return (f"| model | {bench} avg@{result.k} | {bench} pass@{result.k} |\n|---|---|---|\n"
+            f"| {result.model} | {100 * result.avg_at_k:.1f} | {100 * result.pass_at_k:.1f} |")
+
+
 def eval_main(argv: list[str] | None = None) -> int:
     args = parse_eval_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        _apply_protocol(args)
         config = resolve_config(args.config, args.checkpoint, args.overrides)
         if args.model:
             config.model.name_or_path = args.model
@@ -277,6 +309,8 @@ def eval_main(argv: list[str] | None = None) -> int:
               f"{result.env_kwargs}: {len(result.tasks)} tasks x {n} rollouts, T={result.temperature}, "
               f"{result.wall_seconds:.1f} s")
         print(result.table())
+        if args.protocol == "paper":
+            print(paper_table(result))
     return 0
 
 
