@@ -78,6 +78,8 @@ def _log(request: Request, route: str, data: dict[str, Any]) -> None:
             "route": route,
             "temperature": data.get("temperature"),
             "seed": data.get("seed"),
+            "model": data.get("model"),
+            "lora_name": data.get("lora_name"),
             "policy_version": request.headers.get("x-policy-version"),
             "authorized": request.headers.get("authorization", "").startswith("Bearer "),
         })
@@ -101,6 +103,31 @@ async def log() -> list[dict[str, Any]]:
     return STATE["log"]
 
 
+@app.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's runtime LoRA route: the adapter under its name, on a copy of the base model."""
+    data = await request.json()
+    _log(request, "load_lora_adapter", data)
+    from peft import PeftModel
+
+    from seeupo_gym.agents.backends import HFBackend
+    from seeupo_gym.agents.models import load_model
+
+    base, tokenizer = load_model("tiny", seed=0)
+    model = PeftModel.from_pretrained(base, data["lora_path"]).eval()
+    _MODEL.setdefault("adapters", {})[data["lora_name"]] = HFBackend(model, tokenizer)
+    return JSONResponse({"ok": True})
+
+
+@app.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> Response:
+    data = await request.json()
+    _log(request, "unload_lora_adapter", data)
+    if _MODEL.get("adapters", {}).pop(data["lora_name"], None) is None:
+        return JSONResponse({"error": "no such adapter"}, status_code=404)
+    return JSONResponse({"ok": True})
+
+
 @app.post("/v1/completions")
 async def completions(request: Request) -> Response:
     data = await request.json()
@@ -108,6 +135,10 @@ async def completions(request: Request) -> Response:
     from seeupo_gym.agents.backends import SamplingParams
 
     backend = _backend()
+    if data.get("model") in _MODEL.get("adapters", {}):
+        backend = _MODEL["adapters"][data["model"]]
+    elif str(data.get("model", "")).startswith("policy-v"):
+        return JSONResponse({"error": f"no adapter {data['model']}"}, status_code=404)
     sampling = SamplingParams(
         temperature=float(data.get("temperature", 1.0)),
         top_p=float(data.get("top_p", 1.0)),

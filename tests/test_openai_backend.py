@@ -280,3 +280,74 @@ def test_eval_with_the_papers_protocol_runs_its_test_split_four_times_greedily(t
     assert [t["task_id"] for t in result["tasks"]] == ["multi_turn_base_100", "multi_turn_base_101"]
     assert {entry["temperature"] for entry in log} == {0.0}
     assert "| scripted | 50.0 | 50.0 |" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------- training on a server
+
+
+def test_a_lora_update_reaches_the_server_and_later_samples_come_from_it(server, tmp_path, one_torch_thread):
+    import torch
+
+    from seeupo_gym.agents.backends import TrainingSetup
+    from seeupo_gym.agents.models import load_model
+    from seeupo_gym.agents.scoring import response_logprobs
+
+    model, tokenizer = load_model("tiny", seed=0, lora={"r": 4, "alpha": 8})
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # an adapter that matters (a fresh one is the identity)
+    setup = TrainingSetup(model_name="tiny", dtype="float32", seed=0, lora_rank=4, max_context_tokens=512,
+                          processes=1, sharded=False, options={"base_url": server + "/v1", "weights_dir": str(tmp_path)})
+    backend = OpenAIBackend.for_training(model, tokenizer, setup)
+    prompt = tokenizer("Pick A or B:", add_special_tokens=False)["input_ids"]
+    try:
+        backend.update_weights(model)
+        (completion,) = backend.generate([prompt], SamplingParams(max_new_tokens=10, seed=4))
+    finally:
+        backend.close()
+    with torch.no_grad():
+        learner, mask = response_logprobs(model, [prompt], [completion.token_ids], pad_token_id=tokenizer.pad_token_id)
+        with model.disable_adapter():
+            base, _ = response_logprobs(model, [prompt], [completion.token_ids], pad_token_id=tokenizer.pad_token_id)
+    assert learner[0][mask[0]].tolist() == pytest.approx(completion.logprobs, abs=1e-4)
+    assert (learner - base).abs().max() > 0.01  # the samples came from the adapter, not the base
+    log = httpx.get(server + "/log").json()
+    load = [e for e in log if e["route"] == "load_lora_adapter"][-1]
+    last = log[-1]
+    assert load["lora_name"] == "policy-v1"
+    assert (last["route"], last["model"], last["policy_version"]) == ("completions", "policy-v1", "1")
+
+
+def test_a_training_run_generates_on_the_server_and_pushes_each_versions_adapter(tmp_path, one_torch_thread):
+    from trainer_helpers import tiny_config
+
+    from seeupo_gym.training.trainer import Trainer
+
+    process, url = _start(tmp_path)
+    try:
+        config = tiny_config(
+            tmp_path, "model.lora={r: 4, alpha: 8}", "train.steps=3", "env.kwargs={max_turns: 1}", "optim.lr=1e-2",
+            "generation.backend=openai", f"generation.base_url={url}/v1", f"generation.weights_dir={tmp_path}",
+        )
+        with Trainer(config) as trainer:
+            records = trainer.train()
+        log = httpx.get(url + "/log").json()
+    finally:
+        process.kill()
+        process.wait()
+    assert [r["step"] for r in records if "rollout/trajectories" in r] == [1.0, 2.0, 3.0]
+    loads = [e["lora_name"] for e in log if e["route"] == "load_lora_adapter"]
+    assert loads[:2] == ["policy-v1", "policy-v2"]
+    assert [e["lora_name"] for e in log if e["route"] == "unload_lora_adapter"][:1] == (["policy-v1"] if len(loads) > 2 else [])
+    versions = [(e["model"], e["policy_version"]) for e in log if e["route"] == "completions"]
+    assert versions[0] == ("tiny", "0")
+    assert ("policy-v1", "1") in versions and ("policy-v2", "2") in versions
+    # Every request after an adapter load names that adapter: no sample comes from stale weights.
+    seen = "0"
+    for entry in log:
+        if entry["route"] == "load_lora_adapter":
+            seen = entry["lora_name"].removeprefix("policy-v")
+        elif entry["route"] == "completions":
+            assert entry["policy_version"] == seen

@@ -34,7 +34,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from seeupo_gym.agents.backends.base import (
-    FINISH_LENGTH, FINISH_STOP, Backend, Completion, RequestError, SamplingParams, check_prompts,
+    FINISH_LENGTH, FINISH_STOP, Backend, Completion, RequestError, SamplingParams, TrainingSetup, check_prompts,
 )
 
 MODES = ("tokens", "chat")
@@ -116,6 +116,8 @@ class OpenAIBackend(Backend):
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="openai")
         self._lock = threading.Lock()
         self.requests_sent = 0
+        self._adapters: list[str] = []
+        self._request_model = model  # the served name, then the latest adapter's
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIBackend({self.base_url!r}, {self.model!r}, mode={self.mode!r})"
@@ -132,20 +134,94 @@ class OpenAIBackend(Backend):
         check_prompts([prompt])
         return self._pool.submit(self._complete, list(prompt), sampling)
 
-    def update_weights(self, state_dict_or_model: Any) -> None:
-        raise NotImplementedError(
-            "OpenAIBackend cannot take weights in process; push them to the server (LoRA hot-load or its "
-            "weight-update route) and call `set_policy_version`"
+    @classmethod
+    def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "OpenAIBackend":
+        """Generation on a server the user started (`vllm serve <model> --enable-lora
+        --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for LoRA runs).
+
+        Options (the config's `generation` section): base_url (required), served_model (default
+        model.name_or_path), api_key_env, max_concurrency, timeout_s, weights_dir (a folder the
+        server can read: adapters and weights are written there for it to load)."""
+        options = dict(setup.options)
+        base_url = options.get("base_url")
+        if not base_url:
+            raise ValueError("generation.backend=openai needs generation.base_url (e.g. http://127.0.0.1:8000/v1)")
+        if setup.processes > 1:
+            raise ValueError("generation.backend=openai serves one training process; run the trainer on one process")
+        backend = cls(
+            base_url,
+            options.get("served_model") or setup.model_name,
+            mode="tokens",
+            api_key_env=options.get("api_key_env", "OPENAI_API_KEY"),
+            vocab_size=len(tokenizer),
+            stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None),
+            max_concurrency=int(options.get("max_concurrency", 32)),
+            timeout_s=float(options.get("timeout_s", 300.0)),
         )
+        backend.weights_dir = options.get("weights_dir")
+        return backend
+
+    weights_dir: str | None = None
+    # Adapters kept loaded on the server: the current one and the one before it (an overlapped
+    # collection may still be sampling from it).
+    keep_adapters = 2
+
+    def update_weights(self, state_dict_or_model: Any) -> None:
+        """Push the learner's weights to the server and sample from them from now on.
+
+        A LoRA model's adapter is written to `weights_dir` and hot-loaded under a new name per policy
+        version (`/v1/load_lora_adapter`; later requests name it as their model); full weights are
+        written as safetensors and reloaded through vLLM's `collective_rpc` route (`reload_weights`;
+        the server needs VLLM_SERVER_DEV_MODE=1). Either way the server must see `weights_dir`."""
+        import tempfile
+
+        version = self.policy_version + 1
+        root = self.weights_dir or tempfile.gettempdir()
+        folder = os.path.join(root, f"seeupo-policy-v{version}-{os.getpid()}")
+        if hasattr(state_dict_or_model, "peft_config"):
+            state_dict_or_model.save_pretrained(folder)
+            name = f"policy-v{version}"
+            self._post_control("/load_lora_adapter", {"lora_name": name, "lora_path": folder})
+            self._adapters.append(name)
+            while len(self._adapters) > self.keep_adapters:
+                self._post_control("/unload_lora_adapter", {"lora_name": self._adapters.pop(0)})
+            self._request_model = name
+        else:
+            from safetensors.torch import save_file
+
+            from seeupo_gym.agents.backends.vllm import _unshared, merged_state_dict
+
+            weights = merged_state_dict(state_dict_or_model) if hasattr(state_dict_or_model, "state_dict") else dict(state_dict_or_model)
+            os.makedirs(folder, exist_ok=True)
+            save_file(_unshared(weights), os.path.join(folder, "model.safetensors"))
+            root_url = self.base_url.rsplit("/v1", 1)[0]
+            self._post_control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}}, root=root_url)
+            self._post_control("/reset_prefix_cache", {}, root=root_url)
+        self.policy_version = version
 
     def set_policy_version(self, version: int) -> None:
         """The weights version the server now samples from; sent with every later request."""
         self.policy_version = int(version)
 
+    def _post_control(self, route: str, body: dict[str, Any], root: str | None = None) -> None:
+        """A weight-sync request: retried like the others, then its status checked."""
+        url = (root or self.base_url) + route
+        for attempt in range(self.retries):
+            try:
+                response = self._client.post(url, json=body)
+            except httpx.TransportError as error:
+                if attempt + 1 == self.retries:
+                    raise ServerReplyError(f"{route}: connection failed ({type(error).__name__})") from None
+                continue
+            if response.status_code == 200:
+                return
+            if response.status_code not in _RETRY_STATUS or attempt + 1 == self.retries:
+                raise ServerReplyError(f"{route}: HTTP {response.status_code}: {_printable(response.content[:300])}")
+
     def _complete(self, prompt: list[int], sampling: SamplingParams) -> Completion:
         stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self._request_model,
             "prompt": prompt,
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
