@@ -46,6 +46,7 @@ from seeupo_gym.bfcl.prompt import reveal_message, system_prompt, tool_schema, t
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.text import valid_unicode, valid_unicode_tree
 from seeupo_gym.tools import ParsedTools, assistant_message, parse_tool_response, render_tool_calls, tool_message
 from seeupo_gym.tools import tool_parser as find_tool_parser
 
@@ -189,9 +190,9 @@ class BFCLEnv(gym.Env[str, str]):
             decoded = self._checked(decoded, backend)
         if parsed is not None and decoded.kind == "calls":
             content = self.template.history_content(self._clip_action(parsed.content))
-            self._messages.append(assistant_message(content, parsed.calls))
+            self._messages.append(valid_unicode_tree(assistant_message(content, parsed.calls)))
         else:
-            self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
+            self._messages.append({"role": "assistant", "content": valid_unicode(self.template.history_content(self._clip_action(text)))})
 
         terminated = False
         reward = 0.0
@@ -241,7 +242,9 @@ class BFCLEnv(gym.Env[str, str]):
                 turn_results=["not_checked"] * entry.num_user_turns,
             )
         self._done = terminated or truncated
-        observation = self._clip(observation)
+        # Model text (JSON escapes, names quoted in errors) may hold lone surrogates: none leave.
+        observation = valid_unicode(self._clip(observation))
+        action_error = valid_unicode(action_error)
         if not terminated and parsed is not None and decoded.kind == "calls":
             self._messages.extend(tool_messages)
         elif not terminated:
