@@ -17,6 +17,7 @@ from seeupo_gym.bfcl import CATEGORIES, get_entry, load_category, render_action,
 from seeupo_gym.bfcl.backend import check_episode
 from seeupo_gym.bfcl.calls import parse_call_list
 from seeupo_gym.bfcl.env import render_tool_action
+from seeupo_gym.tools import render_tool_calls
 
 # 90 and 147 post a tweet and then `mention` it, which extends the list the post stored: the
 # entries where argument lists shared between a call and the backend change the verdict.
@@ -99,12 +100,10 @@ def replay_with_hostile_calls(task_ids: list[str], tmp_path, monkeypatch) -> lis
             for turn, calls in enumerate(get_entry(task_id).ground_truth):
                 if turn == 0 and action_format == "tools":
                     for name, arguments in HOSTILE_TOOL_CALLS:
-                        from seeupo_gym.tools import render_tool_calls
-
                         env.step(render_tool_calls([(name, arguments)]))
                 if calls:
                     env.step(render(list(calls)))
-                *_, reward, _, _, _ = env.step(render_turn_end("Done."))[:5]
+                _, reward, *_ = env.step(render_turn_end("Done."))
             rewards.append(reward)
     return rewards
 
@@ -114,7 +113,7 @@ def test_no_eval_or_exec_runs_while_ground_truth_and_hostile_calls_are_stepped_a
         rewards = replay_with_hostile_calls(SAMPLE, tmp_path, monkeypatch)
     assert spy.calls == []
     assert not (tmp_path / "EVAL_CANARY").exists()
-    # The hostile calls that ran (a directory named like code, an echo) change the file system.
+    # React replays score 1.0; the tools replays' hostile calls that ran (an echo) changed the state.
     assert len(rewards) == 2 * len(SAMPLE) and rewards[: len(SAMPLE)] == [1.0] * len(SAMPLE)
 
 
