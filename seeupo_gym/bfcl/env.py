@@ -262,6 +262,14 @@ class BFCLEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------ helpers
 
     @property
+    def calls_per_turn(self) -> list[list[list[str]]]:
+        """The calls that ran, as bfcl-eval's result files hold them: per user turn that ended, per
+        response, the call strings (rebuilt from validated values, never the model's text). A turn
+        still open (a truncated episode) is left out, as BFCL's inference leaves out a turn it
+        force-terminated."""
+        return [[[call.source for call in calls] for calls in turn] for turn in self._calls_per_turn[: self._user_turn]]
+
+    @property
     def entry(self) -> Entry | None:
         """The current episode's BFCL entry (with its ground truth: for scripted agents and tests)."""
         return self._entry

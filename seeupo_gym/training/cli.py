@@ -181,6 +181,9 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     output = parser.add_argument_group("output")
     output.add_argument("--out", help="write the result as JSON to this file")
     output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
+    output.add_argument("--export-bfcl", metavar="DIR",
+                        help="BFCL: also write the episodes as bfcl-eval result files (DIR/rollout-<r>/"
+                             "BFCL_v4_multi_turn_<category>_result.json), for bfcl-eval's own evaluation")
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
     output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
@@ -237,6 +240,8 @@ def eval_main(argv: list[str] | None = None) -> int:
         from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids
 
         env_kwargs = eval_env_kwargs(config.env, flags)
+        if args.export_bfcl and "BFCL" not in config.env.id:
+            raise ConfigError(f"--export-bfcl writes bfcl-eval result files: it needs a BFCL env, not {config.env.id}")
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         else:
@@ -288,7 +293,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         max_context_tokens=config.env.max_context_tokens,
         env_kwargs=env_kwargs,
         progress=not args.no_progress,
-        keep_rollouts=bool(args.rollouts),
+        keep_rollouts=bool(args.rollouts or args.export_bfcl),
         agent_options=agent_options(config.env),
     )
     result.model = config.model.name_or_path
@@ -302,6 +307,11 @@ def eval_main(argv: list[str] | None = None) -> int:
         with open(args.rollouts, "w") as f:
             for record in result.rollouts:
                 f.write(json.dumps(record, default=str) + "\n")
+    if args.export_bfcl:
+        from seeupo_gym.bfcl.export import write_results
+
+        written = write_results(result.rollouts, args.export_bfcl, env_kwargs)
+        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}", file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
