@@ -47,6 +47,9 @@ class TokenLogprobs:
     # mismatch with a truncated importance weight capped at `sampled_cap` (`core.behaviour_weights`).
     sampled: torch.Tensor | None = None
     sampled_cap: float = 2.0
+    # The policy's entropy at each token ([n, L], with autograd), set by a learner whose `minimize`
+    # was called with entropy=True (an algorithm with entropy_coeff > 0).
+    entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs.shape != self.mask.shape:
@@ -202,6 +205,20 @@ class Algorithm(ABC):
         # The phases of the latest `update`, in order; `on_phase` sees each as it completes.
         self.schedule: list[UpdatePhase] = []
         self.on_phase = on_phase
+        # State carried from step to step (KL in the reward's coefficient); saved with checkpoints.
+        self.kl_ctrl_in_reward = None
+        if getattr(config, "use_kl_in_reward", False):
+            from seeupo_gym.algorithms.kl import KLController
+
+            self.kl_ctrl_in_reward = KLController(config.kl_ctrl)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep for the next step to be the same (empty for most)."""
+        return {} if self.kl_ctrl_in_reward is None else {"kl_ctrl_in_reward": self.kl_ctrl_in_reward.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.kl_ctrl_in_reward is not None and "kl_ctrl_in_reward" in state:
+            self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl_in_reward"])
 
     def record_phase(self, phase: UpdatePhase) -> None:
         self.schedule.append(phase)

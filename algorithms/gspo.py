@@ -5,6 +5,10 @@ paper's); or each trajectory's responses of all turns together are one sequence 
 verl). The group-normalized `A_i` weighs every sequence of trajectory i; all turns are updated
 together with `-mean_sequences clip_obj(s, A_i)` + KL. (GSPO's paper uses much smaller clip ranges;
 eps is a parameter.)
+
+verl's options (algorithms/options.py): `use_kl_in_reward`, `entropy_coeff` (entropy averaged per
+sequence, like the surrogate), `rollout_correction` (sequence-level weights; token-level ones are
+refused: the surrogate has one term per sequence), every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms import core, options
+from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch
 
 
 @dataclass
-class GSPOConfig(AlgorithmConfig):
+class GSPOConfig(options.LossOptionsConfig):
     # GRAE normalization: none | group | batch.
     normalization: str = "group"
     # What one ratio covers: turn (each turn's response, the SeeUPO paper) | trajectory (verl).
@@ -29,6 +33,7 @@ class GSPOConfig(AlgorithmConfig):
         super().__post_init__()
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("sequence", core.SEQUENCES)
+        self.refuse_token_weights_on_sequences("GSPO")
 
 
 @register_algorithm("gspo")
@@ -39,18 +44,21 @@ class GSPO(Algorithm):
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         self.schedule = []
-        advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
         old = core.old_logprobs(learner, samples, cfg.minibatch_size, cfg.epochs)
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
+        step = options.prepare_step(self, batch, learner, samples, old=old, ref=ref, sequence=cfg.sequence)
+        advantages = core.trajectory_advantages(batch, cfg.normalization, step.rewards)
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch, cfg.sequence)
+            totals = options.totals(step, minibatch)
 
             def loss(part, new, values):
+                kept, is_weights = options.corrected(step, part, new)
+                part_totals = totals.part(part)
                 return core.sequence_policy_loss(
-                    new,
+                    kept,
                     core.old_or_detached(old, part, new.logprobs),
                     core.per_sample(advantages, part, new.logprobs),
                     clip_low=cfg.clip_low,
@@ -58,10 +66,12 @@ class GSPO(Algorithm):
                     ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
-                    totals=totals.part(part),
+                    totals=part_totals,
+                    rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, part_totals),
+                    entropy_coeff=cfg.entropy_coeff,
                 )
 
-            steps.append(learner.minimize(minibatch, loss))
+            steps.append(options.minimize(learner, minibatch, loss, cfg))
 
         self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(steps)))
-        return core.mean_metrics(steps)
+        return {**core.mean_metrics(steps), **step.metrics}

@@ -17,6 +17,11 @@ of pool t are inherently prefix-length (context_t + response_t per trajectory), 
 parameters change between pools. The ratios after pool t are taken at the parameters the next
 pool's first gradient pass runs with, so that pass scores them too (turn t packs with the
 trajectory's next-updated turn into one sequence): no extra pass, unless a context was rebuilt.
+
+verl's options (algorithms/options.py): `use_kl_in_reward` (the penalized rewards give A_i, so M
+starts from them), `entropy_coeff` (per-sequence entropy of the pool's turns), `rollout_correction`
+(per turn, against the step-start policy; it reweights and masks the pool losses, while the ratios
+that update M stay over every token), every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms import core, options
+from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 ORDERS = ("reverse", "natural", "random")
@@ -34,7 +39,7 @@ OLD_POLICIES = ("step_start", "turn_start")
 
 
 @dataclass
-class SeeUPOConfig(AlgorithmConfig):
+class SeeUPOConfig(options.LossOptionsConfig):
     # GRAE normalization of the initial M: none | group | batch.
     normalization: str = "batch"
     # Turn update order: reverse (T_max..1) | natural (1..T_max) | random (new permutation each step).
@@ -53,6 +58,7 @@ class SeeUPOConfig(AlgorithmConfig):
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("order", ORDERS)
         self.require_choice("old_policy", OLD_POLICIES)
+        self.refuse_token_weights_on_sequences("SeeUPO")
         if self.m_clip is not None:
             low, high = self.m_clip
             if not 0 <= low <= 1 <= high:
@@ -77,11 +83,12 @@ class SeeUPO(Algorithm):
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         self.schedule = []
-        advantages = core.trajectory_advantages(batch, cfg.normalization)  # step 1
-        factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
         samples = batch.samples()
         old = core.frozen_logprobs(learner, samples) if cfg.old_policy == "step_start" else {}
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
+        step = options.prepare_step(self, batch, learner, samples, old=old or None, ref=ref, sequence="turn")
+        advantages = core.trajectory_advantages(batch, cfg.normalization, step.rewards)  # step 1
+        factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
 
         def weight(rid: str, ratio: float = 1.0) -> float:  # M_i (times a ratio not yet applied)
             f = factor[rid] * ratio
@@ -110,11 +117,12 @@ class SeeUPO(Algorithm):
                 apply_ratios(dict(zip([s.rollout_id for s in frozen], ratios)))
 
             for k, minibatch in enumerate(batches):
-                totals = core.Totals.of(minibatch)
+                totals = options.totals(step, minibatch)
 
                 def loss(part, new, ratios):  # ratios: s(y) measured alongside, not yet in M
+                    kept, is_weights = options.corrected(step, part, new)
                     return core.sequence_policy_loss(
-                        new,
+                        kept,
                         core.gather(old, part, new.logprobs),
                         core.per_sample({s.rollout_id: weight(s.rollout_id, ratios.get(s.rollout_id, 1.0)) for s in part},
                                         part, new.logprobs),
@@ -124,10 +132,12 @@ class SeeUPO(Algorithm):
                         kl_coef=cfg.kl_coef,
                         kl_estimator=cfg.kl_estimator,
                         totals=totals,
+                        rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, totals),
+                        entropy_coeff=cfg.entropy_coeff,
                     )
 
                 extra = shared if k == 0 else []
-                metrics = learner.minimize(minibatch + extra, core.measuring_alongside(t, extra, old, loss))
+                metrics = options.minimize(learner, minibatch + extra, core.measuring_alongside(t, extra, old, loss), cfg)
                 apply_ratios(core.pop_ratio_diagnostics(metrics))
                 steps.append(metrics)
 
@@ -141,4 +151,4 @@ class SeeUPO(Algorithm):
         final_m = torch.tensor([weight(rid) for rid in advantages])
         metrics.update(m_mean=float(final_m.mean()), m_abs_max=float(final_m.abs().max()) if len(final_m) else 0.0)
         metrics["turn_pools"] = float(len(pools))
-        return metrics
+        return {**metrics, **step.metrics}
