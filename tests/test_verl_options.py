@@ -692,3 +692,45 @@ def test_the_options_load_from_a_yaml_config_with_verls_names():
 
     with pytest.raises(ConfigError, match="algorithm.kl_ctrl"):
         build_algorithm(load_config(None, ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl={typo: 1}"]))
+
+
+@pytest.mark.slow
+def test_the_llm_learners_token_entropy_and_its_gradient_equal_the_full_softmaxs():
+    """The learner's chunked, checkpointed entropy against the entropy of the model's full logits."""
+    import copy
+
+    from trainer_helpers import synthetic_batch
+
+    from seeupo_gym.agents.models import load_model
+    from seeupo_gym.training.learner import LLMLearner
+    from accelerate import Accelerator
+
+    model, tokenizer = load_model("tiny", seed=0)
+    reference_model = copy.deepcopy(model)
+    samples = synthetic_batch().samples()
+    learner = LLMLearner(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=tokenizer.pad_token_id,
+                         reference=copy.deepcopy(model), max_grad_norm=0.0, max_tokens_per_microbatch=40, logit_chunk=3)
+    captured = {}
+    tokens = sum(s.turn.num_response_tokens for s in samples)
+
+    def loss(part, new, values):
+        for s, row, m in zip(part, new.entropy, new.mask):
+            captured[(s.rollout_id, s.t)] = row[m].detach()
+        return core.aggregate(new.entropy, new.mask, "token-sum") / tokens
+
+    head_before = reference_model.get_output_embeddings().weight.detach().clone()
+    learner.minimize(samples, loss, entropy=True)
+    expected_total = 0.0
+    for s in samples:
+        ids = torch.tensor([list(s.turn.context_ids) + list(s.turn.response_ids)])
+        logits = reference_model(input_ids=ids).logits[0, len(s.turn.context_ids) - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        torch.testing.assert_close(captured[(s.rollout_id, s.t)], entropy.detach(), atol=1e-4, rtol=0)
+        expected_total = expected_total + entropy.sum() / tokens
+    expected_total.backward()
+    # One SGD step of lr 1 moved the head by minus the gradient of the mean entropy.
+    step = head_before - model.get_output_embeddings().weight.detach()
+    grad = reference_model.get_output_embeddings().weight.grad
+    torch.testing.assert_close(step, grad, atol=1e-7, rtol=0)  # float32 rounding of w - lr * g; max |g| ~ 6e-5
+    assert grad.abs().max() > 1e-5
