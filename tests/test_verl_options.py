@@ -734,3 +734,18 @@ def test_the_llm_learners_token_entropy_and_its_gradient_equal_the_full_softmaxs
     grad = reference_model.get_output_embeddings().weight.grad
     torch.testing.assert_close(step, grad, atol=1e-7, rtol=0)  # float32 rounding of w - lr * g; max |g| ~ 6e-5
     assert grad.abs().max() > 1e-5
+
+
+def test_accelerate_checkpoints_carry_the_adaptive_coefficient(tmp_path):
+    """What the trainer registers with accelerate (`register_for_checkpointing(algorithm)`)."""
+    from accelerate import Accelerator
+
+    options = {"use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive", "kl_coef": 0.1, "horizon": 10}}
+    accelerator = Accelerator(cpu=True)
+    algo = make_algorithm("gspo", options)
+    accelerator.register_for_checkpointing(algo)
+    algo.kl_ctrl_in_reward.update(0.0, 5)  # 0.1 * (1 - 0.2 * 5 / 10)
+    accelerator.save_state(str(tmp_path / "ckpt"))
+    algo.kl_ctrl_in_reward.update(1.0, 10)
+    accelerator.load_state(str(tmp_path / "ckpt"))
+    assert algo.kl_ctrl_in_reward.value == pytest.approx(0.09)
