@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from seeupo_gym.algorithms.core import KL_CLAMP, KL_ESTIMATORS, LOG_RATIO_CLAMP
@@ -94,7 +93,7 @@ class KLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         if self.control.type == "fixed":
             return
-        error = float(np.clip(current_kl / self.control.target_kl - 1.0, -0.2, 0.2))
+        error = min(max(current_kl / self.control.target_kl - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.control.horizon
 
     def state_dict(self) -> dict[str, float]:

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from seeupo_gym.algorithms.core import sample_key
 from seeupo_gym.algorithms.rollout import TurnSample
 
 SAFETY_BOUND = 20.0
@@ -176,8 +177,6 @@ def correct(
     samples: Sequence[TurnSample], old: dict, correction: RolloutCorrection, sequence: str
 ) -> Correction:
     """The rollout correction of a step's `samples` (`old`: their step-start logprobs by key)."""
-    from seeupo_gym.algorithms.core import sample_key
-
     groups = sequences_of(samples, sequence)
     rows = []
     for group in groups:
