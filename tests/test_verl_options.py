@@ -749,3 +749,35 @@ def test_accelerate_checkpoints_carry_the_adaptive_coefficient(tmp_path):
     algo.kl_ctrl_in_reward.update(1.0, 10)
     accelerator.load_state(str(tmp_path / "ckpt"))
     assert algo.kl_ctrl_in_reward.value == pytest.approx(0.09)
+
+
+VERL_RUN = ("algorithm.name=grpo", "algorithm.use_kl_in_reward=true", "algorithm.kl_coef=0",
+            "algorithm.kl_ctrl={type: adaptive, kl_coef: 0.05, target_kl: 1e-6, horizon: 10}",
+            "algorithm.entropy_coeff=0.01", "algorithm.loss_agg=token-sum",
+            "algorithm.rollout_correction={rollout_is: token, rollout_is_threshold: 0.5_2.0, rollout_rs: token_k2, rollout_rs_threshold: 0.5}")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_verls_options_repeats_step_2_and_its_kl_coefficient(tmp_path):
+    """The real trainer and LLM learner on the tiny model: the options wire through, and the adaptive
+    coefficient of step 2 comes back from the step-1 checkpoint."""
+    from trainer_helpers import tiny_config
+
+    from seeupo_gym.training.checkpoint import checkpoints
+    from seeupo_gym.training.trainer import Trainer
+
+    common = (*VERL_RUN, "train.steps=2", "env.kwargs={max_turns: 1}")
+    config = tiny_config(tmp_path / "a", *common, "train.save_every=1", "train.keep_checkpoints=5")
+    with Trainer(config) as trainer:
+        records = trainer.train()
+    step1, step2 = records
+    # Step 1 starts at the reference (KL 0, below target): beta *= 1 - 0.2 * n / horizon, n trajectories.
+    n = config.train.tasks_per_step * config.train.group_size
+    assert step1["update/reward_kl_penalty"] == 0 and step1["update/reward_kl_penalty_coeff"] == pytest.approx(0.05)
+    assert step2["update/reward_kl_penalty_coeff"] == pytest.approx(0.05 * (1 - 0.2 * n / 10))
+    assert step1["update/entropy"] > 0
+    saved = checkpoints(tmp_path / "a" / "run" / "checkpoints")
+    with Trainer(tiny_config(tmp_path / "b", *common, f"resume_from={saved[0]}")) as trainer:
+        again = trainer.train()[0]
+    for key in ("update/reward_kl_penalty_coeff", "update/policy_loss", "update/entropy"):
+        assert again[key] == pytest.approx(step2[key], abs=1e-6), key
