@@ -602,9 +602,17 @@ def sequence_policy_loss(
     totals: Totals | None = None,
     rollout_is_weights: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    loss_agg: str = "seq-mean-token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_sequences clip_obj(s(y), w)` + KL
     `- entropy_coeff * seq-mean-token-mean H`.
+
+    loss_agg (verl's GSPO takes any): every token of a sequence carries its sequence's objective, so
+    `seq-mean-token-mean` (the default, GSPO's paper) is the mean over sequences; the other modes
+    weigh sequence i by its token count n_i: token-mean `n_i / tokens`, token-sum `n_i`,
+    seq-mean-token-sum `n_i / sequences` (and `/ loss_scale_factor` for -norm). KL and entropy are
+    aggregated with the same mode.
 
     weights [n]: the per-row advantage (GSPO: A_i; SeeUPO: M_i). A sequence is a row (one turn's
     response), or with trajectory totals (`Totals.part`) all of a trajectory's rows together, which
@@ -630,17 +638,18 @@ def sequence_policy_loss(
     elif new.sampled is not None:  # rollouts from older weights: reweight each sample (TIS)
         behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence")
         objective = objective * behaviour
-    loss = -objective.sum() / samples
+    share = _sequence_shares(mask, totals, loss_agg, loss_scale_factor, objective)
+    loss = -(objective * share).sum()
     kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, "seq-mean-token-mean", totals)
+        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, loss_agg, totals, loss_scale_factor)
         loss = loss + kl_coef * kl
     entropy = None
     if entropy_coeff:
-        entropy = aggregate(token_entropy(new), mask, "seq-mean-token-mean", totals)
+        entropy = aggregate(token_entropy(new), mask, loss_agg, totals, loss_scale_factor)
         loss = loss - entropy_coeff * entropy
     stats = LossStats(
-        policy_loss=float(-objective.detach().sum() / samples),
+        policy_loss=float(-(objective.detach() * share).sum()),
         kl=None if kl is None else float(kl.detach()),
         entropy=None if entropy is None else float(entropy.detach()),
         clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).sum() / samples),
@@ -650,6 +659,31 @@ def sequence_policy_loss(
         stats.is_weight_mean = float(behaviour.sum() / samples)
         stats.is_weight_capped = float((behaviour >= new.sampled_cap).to(behaviour.dtype).sum() / samples)
     return loss, stats
+
+
+def _sequence_shares(
+    mask: torch.Tensor, totals: Totals, loss_agg: str, loss_scale_factor: float | None, like: torch.Tensor
+) -> torch.Tensor:
+    """Each sequence's weight in a sequence-level loss under `loss_agg` (see `sequence_policy_loss`),
+    [k] like the per-sequence objective `like`."""
+    if loss_agg == "seq-mean-token-mean":
+        return like.new_full(like.shape, 1.0 / max(totals.samples, 1))
+    if totals.trajectory_tokens is None:
+        counts = mask.sum(-1).to(like.dtype)
+    else:
+        ids = list(dict.fromkeys(totals.row_ids or ()))
+        counts = torch.tensor([totals.trajectory_tokens[i] for i in ids], dtype=like.dtype, device=like.device)
+    if loss_agg == "token-mean":
+        return counts / max(totals.tokens, 1)
+    if loss_agg == "token-sum":
+        return counts
+    if loss_agg == "seq-mean-token-sum":
+        return counts / max(totals.samples, 1)
+    if loss_agg == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None or not loss_scale_factor > 0:
+            raise ValueError(f"seq-mean-token-sum-norm needs loss_scale_factor > 0, got {loss_scale_factor!r}")
+        return counts / max(totals.samples, 1) / loss_scale_factor
+    raise ValueError(f"unknown loss aggregation {loss_agg!r}; choose one of {LOSS_AGGREGATIONS}")
 
 
 def token_entropy(new: TokenLogprobs) -> torch.Tensor:

@@ -6,9 +6,10 @@ verl). The group-normalized `A_i` weighs every sequence of trajectory i; all tur
 together with `-mean_sequences clip_obj(s, A_i)` + KL. (GSPO's paper uses much smaller clip ranges;
 eps is a parameter.)
 
-verl's options (algorithms/options.py): `use_kl_in_reward`, `entropy_coeff` (entropy averaged per
-sequence, like the surrogate), `rollout_correction` (sequence-level weights; token-level ones are
-refused: the surrogate has one term per sequence), every `kl_estimator`.
+verl's options (algorithms/options.py): `loss_agg` (how sequences weigh: per sequence by default,
+or by their token counts as verl's token-mean etc.; KL and entropy aggregated alike),
+`use_kl_in_reward`, `entropy_coeff`, `rollout_correction` (sequence-level weights; token-level ones
+are refused: the surrogate has one term per sequence), every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -28,11 +29,18 @@ class GSPOConfig(options.LossOptionsConfig):
     normalization: str = "group"
     # What one ratio covers: turn (each turn's response, the SeeUPO paper) | trajectory (verl).
     sequence: str = "turn"
+    # How sequences weigh in the loss: seq-mean-token-mean (GSPO's paper; verl's default for GSPO is
+    # token-mean) | token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm.
+    loss_agg: str = "seq-mean-token-mean"
+    # seq-mean-token-sum-norm divides by this (verl's loss_scale_factor); required with that mode.
+    loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("sequence", core.SEQUENCES)
+        self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
+        self.require_scale_factor()
         self.refuse_token_weights_on_sequences("GSPO")
 
 
@@ -69,6 +77,8 @@ class GSPO(Algorithm):
                     totals=part_totals,
                     rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, part_totals),
                     entropy_coeff=cfg.entropy_coeff,
+                    loss_agg=cfg.loss_agg,
+                    loss_scale_factor=cfg.loss_scale_factor,
                 )
 
             steps.append(options.minimize(learner, minibatch, loss, cfg))

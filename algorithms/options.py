@@ -11,7 +11,7 @@
   compute H (`minimize(..., entropy=True)`).
 - `rollout_correction`: verl's importance weights and rejection against the sampler
   (algorithms/rollout_correction.py), computed once per step from the step-start logprobs.
-- `loss_agg` (GRPO, PPO) also takes `token-sum` and `seq-mean-token-sum-norm` (with
+- `loss_agg` (GRPO, PPO, GSPO) also takes `token-sum` and `seq-mean-token-sum-norm` (with
   `loss_scale_factor`), and `kl_estimator` every name verl accepts (core.KL_ESTIMATORS).
 """
 

@@ -497,8 +497,8 @@ def verl_step(batch, policy, options, loss_mode):
         o, r, w, km = old_rows[idx, :width], ref_rows[idx, :width], weights[idx, :width], keep[idx, :width]
         a = advantages[idx].unsqueeze(-1).expand_as(new_rows)
         if loss_mode == "gspo":
-            pg = verl_agg_loss(verl_gspo_pg_losses(o, new_rows, a, km, 0.2, 0.2) * w, km, "seq-mean-token-mean")
-            agg_mode = "seq-mean-token-mean"
+            agg_mode = options.get("loss_agg", "seq-mean-token-mean")
+            pg = verl_agg_loss(verl_gspo_pg_losses(o, new_rows, a, km, 0.2, 0.2) * w, km, agg_mode, options.get("loss_scale_factor"))
         else:
             agg_mode = options.get("loss_agg", "token-mean")
             pg = verl_agg_loss(verl_vanilla_pg_losses(o, new_rows, a, 0.2, 0.2, 3.0) * w, km, agg_mode, options.get("loss_scale_factor"))
@@ -560,6 +560,11 @@ GSPO_CASES = [
     {"rollout_correction": {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": 0.15}},
     {"use_kl_in_reward": True, "kl_coef": 0.0, "kl_ctrl": {"kl_coef": 0.2}, "entropy_coeff": 0.03},
     {"kl_estimator": "abs", "kl_coef": 0.1, "entropy_coeff": 0.01},
+    {"loss_agg": "token-mean", "kl_coef": 0.1, "entropy_coeff": 0.01},
+    {"loss_agg": "token-sum", "rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.6_1.6"}},
+    {"loss_agg": "seq-mean-token-sum", "kl_coef": 0.05, "kl_estimator": "k1+"},
+    {"loss_agg": "seq-mean-token-sum-norm", "loss_scale_factor": 9.0, "entropy_coeff": 0.02,
+     "rollout_correction": {"rollout_is": "sequence", "rollout_is_threshold": 2.0}},
 ]
 
 
@@ -781,3 +786,23 @@ def test_a_resumed_run_with_verls_options_repeats_step_2_and_its_kl_coefficient(
         again = trainer.train()[0]
     for key in ("update/reward_kl_penalty_coeff", "update/policy_loss", "update/entropy"):
         assert again[key] == pytest.approx(step2[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("mode", core.LOSS_AGGREGATIONS)
+def test_sequence_loss_under_each_loss_agg_has_verls_gspo_value_and_gradient(mode):
+    values, mask = rows_and_mask(2)
+    g = torch.Generator().manual_seed(8)
+    old = -torch.rand(values.shape, generator=g, dtype=F64) * 3
+    adv = torch.randn(values.shape[0], generator=g, dtype=F64)
+    ref = old - 0.3 * torch.rand(values.shape, generator=g, dtype=F64)
+    ours_new = (old + 0.2 * values).clone().requires_grad_(True)
+    verl_new = ours_new.detach().clone().requires_grad_(True)
+    loss, _ = core.sequence_policy_loss(TokenLogprobs(ours_new, mask), old, adv, clip_low=0.2, clip_high=0.2, ref=ref,
+                                        kl_coef=0.1, loss_agg=mode, loss_scale_factor=5.0)
+    a = adv.unsqueeze(-1).expand_as(old)
+    expected = verl_agg_loss(verl_gspo_pg_losses(old, verl_new, a, mask, 0.2, 0.2), mask, mode, 5.0) + 0.1 * verl_agg_loss(
+        verl_kl_penalty(verl_new, ref, "k3"), mask, mode, 5.0)
+    assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(ours_new.grad * mask, verl_new.grad * mask, atol=1e-6, rtol=0)
