@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 import torch
+import torch.utils.checkpoint
 
 # Upper bound on logits materialized per forward (rows x L x vocab floats): ~1 GiB in fp32.
 DEFAULT_MAX_LOGIT_ELEMENTS = 1 << 28
@@ -229,6 +230,23 @@ def linear_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.
     return _LinearLogprobs.apply(hidden, head.weight, bias, targets, chunk)
 
 
+def linear_entropy(hidden: torch.Tensor, head: torch.nn.Module, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
+    """float32 entropy of the LM head's distribution at each row of `hidden` [K, H], `chunk` rows at a
+    time; with autograd each chunk is recomputed in the backward (activation checkpointing), so no
+    more than one chunk's logits exist at once in either pass."""
+    bias = getattr(head, "bias", None)
+
+    def entropy(h: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(torch.nn.functional.linear(h, head.weight, bias).float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start : start + chunk]
+        pieces.append(torch.utils.checkpoint.checkpoint(entropy, h, use_reentrant=False) if torch.is_grad_enabled() else entropy(h))
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
 @dataclass
 class PackedSequence:
     """Token ids scored in one piece, and where each of its samples' responses lies in them."""
@@ -268,10 +286,12 @@ def packed_logprobs(
     *,
     head: torch.nn.Module | None = None,
     chunk: int = LOGIT_CHUNK,
-) -> torch.Tensor:
+    entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Response-token logprobs of `sequences` run as one packed row through `model` (any wrapper
     whose forward reaches the LM head, e.g. DDP / FSDP / peft). Returns the flat float32 logprobs
-    of every span, sequence by sequence, span by span, with autograd if it is enabled.
+    of every span, sequence by sequence, span by span, with autograd if it is enabled; with
+    entropy=True also the policy's entropy at the same positions (`linear_entropy`).
 
     The LM head (`head`, default the model's output embeddings) is applied inside the model's
     forward by a pre-hook, only at response positions and `chunk` positions at a time; the
@@ -287,6 +307,8 @@ def packed_logprobs(
 
     def score_then_skip(module: torch.nn.Module, args: tuple) -> tuple:
         result["logprobs"] = linear_logprobs(args[0][0], module, targets, chunk)
+        if entropy:
+            result["entropy"] = linear_entropy(args[0][0], module, chunk)
         return (args[0][:, :0],) + tuple(args[1:])
 
     handle = head.register_forward_pre_hook(score_then_skip)
@@ -295,7 +317,7 @@ def packed_logprobs(
               use_cache=False)
     finally:
         handle.remove()
-    return result["logprobs"]
+    return (result["logprobs"], result["entropy"]) if entropy else result["logprobs"]
 
 
 def packed_row(sequences: Sequence[PackedSequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -185,14 +185,16 @@ class LLMLearner:
             return self._as_tokens(samples, self._local_rows(samples, self._value_scorer(self.value_model))).logprobs
         return self._frozen(samples, self._value_scorer(self.accelerator.unwrap_model(self.value_model))).logprobs
 
-    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+    def minimize(
+        self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False, entropy: bool = False
+    ) -> dict[str, float]:
         samples = list(samples)
         if values and self.value_model is None:
             raise RuntimeError("this run has no value model; the algorithm must set needs_value_model = True")
         world = self.accelerator.num_processes
         sequences = self._pack(samples)
         plan = self._plan(sequences)[self.accelerator.process_index]
-        policy, critic = self._scorer(self.model, "policy"), self._value_scorer(self.value_model) if values else None
+        policy, critic = self._scorer(self.model, "policy", entropy), self._value_scorer(self.value_model) if values else None
         stats: Counter[str] = Counter()
         finite = True
         for k, micro in enumerate(plan):
@@ -204,7 +206,12 @@ class LLMLearner:
                 part_sequences = [sequences[i] for i in micro]
                 indices = [i for sequence in part_sequences for i, _, _ in sequence.spans]
                 part = [samples[i] for i in indices]
-                new = self._as_tokens(part, self._split(part_sequences, policy(part_sequences), indices))
+                scored = policy(part_sequences)
+                if entropy:  # (logprobs, entropy), both flat over the spans
+                    scored, token_entropy = scored
+                new = self._as_tokens(part, self._split(part_sequences, scored, indices))
+                if entropy:
+                    new.entropy = self._as_tokens(part, self._split(part_sequences, token_entropy, indices)).logprobs
                 if self.behaviour_cap is not None:
                     new = self._with_sampled(part, new)
                 value_rows = None
@@ -250,11 +257,13 @@ class LLMLearner:
 
     # ------------------------------------------------------------------ forwards
 
-    def _scorer(self, model: nn.Module, name: str) -> RowScorer:
+    def _scorer(self, model: nn.Module, name: str, entropy: bool = False) -> RowScorer:
         def score(sequences: Sequence[PackedSequence]) -> torch.Tensor:
             if sequences is not self._dummy:
                 self.tokens_fed[name] += sum(len(s.tokens) for s in sequences)
-            return packed_logprobs(model, sequences, chunk=self.logit_chunk)
+            # The dummy forward keeps processes in step; it needs no entropy.
+            with_entropy = entropy and sequences is not self._dummy
+            return packed_logprobs(model, sequences, chunk=self.logit_chunk, entropy=with_entropy)
 
         return score
 
@@ -360,7 +369,7 @@ class LLMLearner:
         sampled = torch.zeros_like(new.logprobs)
         for i, row in enumerate(rows):
             sampled[i, : row.numel()] = row.to(sampled.device)
-        return TokenLogprobs(new.logprobs, new.mask, sampled=sampled, sampled_cap=float(self.behaviour_cap))
+        return TokenLogprobs(new.logprobs, new.mask, sampled=sampled, sampled_cap=float(self.behaviour_cap), entropy=new.entropy)
 
     # ------------------------------------------------------------------ the step
 

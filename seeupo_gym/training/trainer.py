@@ -152,6 +152,8 @@ class Trainer:
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
         self.state = TrainerState(step=0, config=config.to_dict())
         accelerator.register_for_checkpointing(self.state)
+        if self.algorithm.state_dict():  # e.g. the adaptive KL coefficient of use_kl_in_reward
+            accelerator.register_for_checkpointing(self.algorithm)
         if config.log.trackers:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
