@@ -37,6 +37,7 @@ class EnvWorker:
     def describe(self) -> dict[str, Any]:
         ids = getattr(self.env.unwrapped, "task_ids", None)
         return {
+            "pid": os.getpid(),
             "observation_space": self.env.observation_space,
             "action_space": self.env.action_space,
             "task_ids": tuple(str(t) for t in (ids() if callable(ids) else ids or ())),

@@ -1,14 +1,15 @@
 """A hostile stand-in for `seeupo-serve`, for tests of the `seeupo/Remote-v0` client.
 
-    python tests/hostile_env_server.py MODE     # prints "hostile at http://127.0.0.1:PORT"
+    python tests/hostile_env_server.py     # prints "hostile at http://127.0.0.1:PORT"
 
-It describes itself as a default TurnBandit server and answers resets with a real TurnBandit
-env's (so that an agent can start an episode); then, by MODE:
+A client pointed at http://127.0.0.1:PORT/MODE meets MODE (the first path segment). The server
+describes itself as a default TurnBandit server and answers resets with a real TurnBandit env's
+(so that an agent can start an episode); then, by MODE:
 
 - honest: steps answered by the real env;
 - nan_reward, list_info, int_text, string_done, long_text: one field of each step answer wrong;
-- deflate_bomb: the first answer is a 391 kB permessage-deflate frame of 400 M characters;
-- gzip_bomb: the description (GET /seeupo/env) is a 261 kB gzip body of 800 MiB.
+- deflate_bomb: the first answer is a 415 kB permessage-deflate frame of 400 M characters;
+- gzip_bomb: the description (GET /seeupo/env) is a 265 kB gzip body of 256 MiB.
 
 Written on raw sockets so that it can send what no well-behaved library would.
 """
@@ -20,7 +21,6 @@ import hashlib
 import json
 import socket
 import struct
-import sys
 import threading
 import zlib
 
@@ -42,24 +42,27 @@ def description() -> dict:
             "task_ids": list(env.unwrapped.task_ids) if hasattr(env.unwrapped, "task_ids") else [], "max_sessions": 8}
 
 
-def deflated(total: int, chunk: int = 1 << 20) -> bytes:
-    """Raw deflate (a permessage-deflate payload, tail removed) of `total` bytes of 'a', made chunk by chunk."""
+def _deflate_unit(block: bytes) -> bytes:
+    """`block` as raw deflate ending in a full flush: the compressor forgets everything, so the
+    same bytes repeated are a valid stream of the block repeated (cheap to build at any size)."""
     pack = zlib.compressobj(9, zlib.DEFLATED, -15)
-    out = bytearray()
-    block = b"a" * chunk
-    for _ in range(total // chunk):
-        out += pack.compress(block)
-    out += pack.flush(zlib.Z_SYNC_FLUSH)
-    return bytes(out[:-4])  # permessage-deflate drops the 00 00 ff ff tail
+    return pack.compress(block) + pack.flush(zlib.Z_FULL_FLUSH)
+
+
+def deflated(total: int, chunk: int = 1 << 20) -> bytes:
+    """A permessage-deflate payload of `total` bytes of 'a' (the 00 00 ff ff tail dropped)."""
+    return (_deflate_unit(b"a" * chunk) * (total // chunk))[:-4]
 
 
 def gzipped(total: int, chunk: int = 1 << 20) -> bytes:
-    pack = zlib.compressobj(9, zlib.DEFLATED, 31)
-    out = bytearray()
-    block = b" " * chunk
-    for _ in range(total // chunk):
-        out += pack.compress(block)
-    return bytes(out + pack.flush())
+    """A gzip body of `total` spaces."""
+    block, count = b" " * chunk, total // chunk
+    crc = 0
+    for _ in range(count):
+        crc = zlib.crc32(block, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+    last = b"\x03\x00"  # an empty final block
+    return header + _deflate_unit(block) * count + last + struct.pack("<II", crc, (chunk * count) & 0xFFFFFFFF)
 
 
 def read_head(conn: socket.socket) -> tuple[str, dict[str, str]]:
@@ -124,9 +127,10 @@ def observation(text, reward, done, truncated, info) -> bytes:
     return json.dumps({"type": "observation", "data": data}).encode()
 
 
-def serve(conn: socket.socket, mode: str, described: bytes, bombs: dict[str, bytes]) -> None:
+def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> None:
     path, headers = read_head(conn)
-    if path.startswith("/seeupo/env"):
+    mode, _, path = path.lstrip("/").partition("/")
+    if path.startswith("seeupo/env"):
         if mode == "gzip_bomb":
             return http_answer(conn, bombs["gzip"], "Content-Encoding: gzip\r\n")
         return http_answer(conn, described)
@@ -165,12 +169,7 @@ def serve(conn: socket.socket, mode: str, described: bytes, bombs: dict[str, byt
 
 
 def main() -> None:
-    mode = sys.argv[1]
-    bombs = {}
-    if mode == "deflate_bomb":
-        bombs["deflate"] = deflated(400 << 20)
-    if mode == "gzip_bomb":
-        bombs["gzip"] = gzipped(800 << 20)
+    bombs = {"deflate": deflated(400 << 20), "gzip": gzipped(256 << 20)}
     described = json.dumps(description()).encode()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -180,7 +179,7 @@ def main() -> None:
 
     def handle(conn: socket.socket) -> None:
         try:
-            serve(conn, mode, described, bombs)
+            serve(conn, described, bombs)
         except (ConnectionError, OSError, ValueError):
             pass
         finally:

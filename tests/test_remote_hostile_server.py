@@ -24,9 +24,9 @@ from seeupo_gym.spaces import UnicodeText  # noqa: E402
 SCRIPT = Path(__file__).with_name("hostile_env_server.py")
 
 
-@contextlib.contextmanager
-def hostile(mode: str):
-    process = subprocess.Popen([sys.executable, str(SCRIPT), mode], stdout=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module")
+def hostile_server():
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
         match = re.search(r"at (http://\S+)", line)
@@ -37,8 +37,14 @@ def hostile(mode: str):
         process.wait(timeout=30)
 
 
-def test_a_hostile_server_deflate_bomb_is_cut_at_the_message_bound():
-    # 391 kB on the wire, 400 M characters inflated: the client stops inflating at its bound.
+@pytest.fixture
+def hostile(hostile_server):
+    """`hostile(mode)`: the URL at which the hostile server plays `mode`."""
+    return lambda mode: contextlib.nullcontext(f"{hostile_server}/{mode}")
+
+
+def test_a_hostile_server_deflate_bomb_is_cut_at_the_message_bound(hostile):
+    # 415 kB on the wire, 400 M characters inflated: the client stops inflating at its bound.
     with hostile("deflate_bomb") as url:
         env = RemoteEnv(url, max_message_bytes=1 << 20)
         start = time.monotonic()
@@ -48,7 +54,7 @@ def test_a_hostile_server_deflate_bomb_is_cut_at_the_message_bound():
         env.close()
 
 
-def test_a_hostile_server_gzip_description_bomb_is_refused_at_the_bound():
+def test_a_hostile_server_gzip_description_bomb_is_refused_at_the_bound(hostile):
     with hostile("gzip_bomb") as url:
         with pytest.raises(RemoteEnvError, match="gzip body over 8388608 bytes once decompressed"):
             RemoteEnv(url)
@@ -61,7 +67,7 @@ def test_a_hostile_server_gzip_description_bomb_is_refused_at_the_bound():
     ("string_done", "done='yes'"),
     ("long_text", "observation of 4097 characters, outside UnicodeText"),
 ])
-def test_a_hostile_server_answer_of_the_wrong_shape_is_a_remote_env_error(mode, match):
+def test_a_hostile_server_answer_of_the_wrong_shape_is_a_remote_env_error(hostile, mode, match):
     with hostile(mode) as url:
         env = RemoteEnv(url, env_id="seeupo/TurnBandit-v0", env_kwargs={"max_turns": 10})
         try:
@@ -75,7 +81,7 @@ def test_a_hostile_server_answer_of_the_wrong_shape_is_a_remote_env_error(mode, 
             env.close()
 
 
-def test_the_vector_agent_ends_hostile_server_episodes_as_env_errors(tiny, one_torch_thread):
+def test_the_vector_agent_ends_hostile_server_episodes_as_env_errors(hostile, tiny, one_torch_thread):
     from seeupo_gym.agents.backends import HFBackend, SamplingParams
     from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
 
@@ -89,7 +95,7 @@ def test_the_vector_agent_ends_hostile_server_episodes_as_env_errors(tiny, one_t
         assert all("RemoteEnvError" in t.info["error"] and t.reward == 0.0 for t in batch)
 
 
-def test_the_honest_stand_in_plays_an_episode_so_the_failures_above_are_the_modes():
+def test_the_honest_stand_in_plays_an_episode_so_the_failures_above_are_the_modes(hostile):
     with hostile("honest") as url:
         env = RemoteEnv(url)
         try:

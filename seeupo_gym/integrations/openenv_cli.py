@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = uvicorn.Config(
         app,
         http=http,
+        # asyncio accepts up to `backlog` connections per loop turn before any of them reaches the
+        # cap check: a small backlog keeps that transient number of descriptors small too.
+        backlog=min(128, args.max_connections),
         log_level=args.log_level,
         ws_max_size=args.max_request_bytes,
         h11_max_incomplete_event_size=64 * 1024,  # request line and headers
