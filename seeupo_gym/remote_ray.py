@@ -103,7 +103,7 @@ class RayEnv(gym.Env[str, str]):
         self.env_kwargs = dict(env_kwargs or {})
         self._actor = _actor_class().options(**dict(actor_options or {})).remote(env_id, self.env_kwargs)
         self._source = f"the Ray env worker for {env_id}"
-        described = self._get(self._actor.describe.remote(), "start", start_timeout_s)
+        described = self._get("describe", (), start_timeout_s)
         self.observation_space = described["observation_space"]
         self.action_space = described["action_space"]
         self.task_ids: tuple[str, ...] = described["task_ids"]
@@ -116,12 +116,11 @@ class RayEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         task_id_option(options)  # refused here as the env would refuse it
-        result = self._get(self._actor.reset.remote(seed, options), "reset", self.timeout_s)
+        result = self._get("reset", (seed, options), self.timeout_s)
         return checked_reset(result, self.observation_space, self._source)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return checked_step(self._get(self._actor.step.remote(action), "step", self.timeout_s),
-                            self.observation_space, self._source)
+        return checked_step(self._get("step", (action,), self.timeout_s), self.observation_space, self._source)
 
     def close(self) -> None:
         actor, self._actor = getattr(self, "_actor", None), None
@@ -134,20 +133,22 @@ class RayEnv(gym.Env[str, str]):
             ray.kill(actor, no_restart=True)
         super().close()
 
-    def _get(self, ref: Any, what: str, timeout_s: float) -> Any:
+    def _get(self, what: str, args: tuple[Any, ...], timeout_s: float) -> Any:
+        """The actor's `what(*args)`, waited for at most `timeout_s`."""
         ray = _ray()
+        stage = "start" if what == "describe" else what
         if self._actor is None:
             raise RemoteEnvError(f"the Ray env worker for {self.env_id} is closed")
         try:
-            return ray.get(ref, timeout=timeout_s)
+            return ray.get(getattr(self._actor, what).remote(*args), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as error:
             # A stopped or hung actor: end it, so that its env and the trainer's wait end here.
             actor, self._actor = self._actor, None
             ray.kill(actor, no_restart=True)
-            raise RemoteEnvError(f"the Ray env worker for {self.env_id} did not answer {what} within {timeout_s:g} s; "
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} did not answer {stage} within {timeout_s:g} s; "
                                  f"it was killed") from error
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-            raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {what}: {error}") from error
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {stage}: {error}") from error
         except ray.exceptions.RayTaskError as error:
             # The env itself raised (a bad task id...): the caller gets that exception, as locally.
             cause = getattr(error, "cause", None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import json
 import socket
 import struct
@@ -33,13 +34,14 @@ WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 def description() -> dict:
-    from seeupo_gym.integrations.openenv_server import default_kwargs
-
     env = gym.make(ENV_ID, disable_env_checker=True)
+    creator = gym.envs.registration.load_env_creator(gym.spec(ENV_ID).entry_point)
+    defaults = {name: p.default for name, p in inspect.signature(creator).parameters.items()
+                if p.default is not inspect.Parameter.empty}
     space = {"type": "UnicodeText", "min_length": 0, "max_length": env.observation_space.max_length}
-    return {"env_id": ENV_ID, "env_kwargs": {}, "default_kwargs": default_kwargs(ENV_ID), "session_kwargs": [],
+    return {"env_id": ENV_ID, "env_kwargs": {}, "default_kwargs": json.loads(json.dumps(defaults)), "session_kwargs": [],
             "observation_space": space, "action_space": {"type": "UnicodeText", "min_length": 0, "max_length": 32768},
-            "task_ids": list(env.unwrapped.task_ids) if hasattr(env.unwrapped, "task_ids") else [], "max_sessions": 8}
+            "task_ids": list(env.unwrapped.task_ids), "max_sessions": 8}
 
 
 def _deflate_unit(block: bytes) -> bytes:
