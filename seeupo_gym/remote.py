@@ -53,15 +53,17 @@ class RemoteEnvError(RuntimeError):
 
 
 def _valid_strings(value: Any, depth: int = 0) -> Any:
-    """`value` (decoded JSON) with every string valid Unicode; None where nesting is absurd."""
+    """`value` (decoded JSON, or a Ray worker's info) with every string valid Unicode."""
     if isinstance(value, str):
         return valid_unicode(value)
     if depth > 64:
         raise RemoteEnvError("info nests deeper than 64 levels")
     if isinstance(value, dict):
         return {valid_unicode(str(key)): _valid_strings(item, depth + 1) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [_valid_strings(item, depth + 1) for item in value]
+    if isinstance(value, tuple):  # from a Ray worker: kept a tuple, as the local env returns it
+        return tuple(_valid_strings(item, depth + 1) for item in value)
     return value
 
 
