@@ -12,7 +12,8 @@ update at minibatch 2, 8, 32 and 128 under one token budget (each size in a fres
 `--lora-last-layers K`: LoRA on the last K layers (the learner then computes the frozen trunk's
 states once per trajectory), timed in the same run, interleaved, beside full fine-tuning.
 `--model qwen2-102m`: a random-init Qwen2 with the real tokenizer, hidden 512, 8 layers (102M
-parameters, 78M of them the tied embedding; the transformer body dominates a forward).
+parameters, 78M of them the tied embedding, used as the LM head at response positions only: the
+transformer body dominates a forward); `--layers N` for another depth.
 
     python scripts/bench_update.py --bfcl-shaped --algorithms grpo,seeupo --lora-last-layers 4 \
         --model qwen2-102m --tasks 1 --group 4 --threads 1 --repeats 2
@@ -135,16 +136,17 @@ class RssPeak:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def qwen2_102m(lora: dict | None, device: str):
-    """Random-init Qwen2, hidden 512, 8 layers, real tokenizer: 102M parameters (body 24M, embedding 78M)."""
+def qwen2_random(lora: dict | None, device: str, layers: int = 8):
+    """Random-init Qwen2 with the real tokenizer, hidden 512: with 8 layers, 102M parameters (body 24M,
+    tied embedding 78M); each layer adds 3.0M."""
     from transformers import AutoModelForCausalLM
 
     from seeupo_gym.agents.models import _apply_lora
 
     _, tokenizer = build_tiny()
     config = tiny_config(tokenizer)
-    config.update({"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
-                   "num_key_value_heads": 2, "head_dim": 64, "layer_types": ["full_attention"] * 8})
+    config.update({"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": layers, "num_attention_heads": 8,
+                   "num_key_value_heads": 2, "head_dim": 64, "layer_types": ["full_attention"] * layers})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config)
@@ -206,6 +208,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     parser.add_argument("--lora-last-layers", type=int, default=0,
                         help="LoRA (rank --lora or 8) on the last K layers only, timed beside full fine-tuning in one run")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of --model qwen2-102m (8: 102M parameters)")
     parser.add_argument("--trunk-cache-mib", type=int, default=2048, help="learner's frozen-trunk cache bound (0: off)")
     parser.add_argument("--bfcl-shaped", action="store_true", help="BFCL-shaped batch; print tokens fed / minimum")
     parser.add_argument("--memory", action="store_true", help="peak memory at minibatch 2, 8, 32, 128 (BFCL-shaped)")
@@ -233,7 +236,7 @@ def build(args: argparse.Namespace, value: bool, lora_rank: int | None = None, l
         lora["last_layers"] = last_layers
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.model == "qwen2-102m":
-        model, tokenizer = qwen2_102m(lora, device)
+        model, tokenizer = qwen2_random(lora, device, args.layers)
     else:
         model, tokenizer = load_model(args.model, lora=lora, device=device)
     vocab = min(len(tokenizer), 32000)

@@ -22,6 +22,10 @@ device; a trajectory that does not fit is not cached (its trunk is recomputed in
 without the cache), nothing is spilled to host memory. An entry dies with its trajectory (a weak
 reference), so the cache never outlives the batch that filled it.
 
+Processes (DDP): each process caches the sequences of its own share of a pass; a trajectory that a
+later pass deals to another process (the pools' prefix lengths plan differently) is computed there
+once more. FSDP and DeepSpeed shard the layers: the learner does not use the cache under them.
+
 Gradient checkpointing: the trunk runs without autograd, so it stores no activations and needs no
 checkpointing; the layers above keep the model's checkpointing as configured. Packing: a packed
 row's sequences read their own entries, concatenated in the row's order; the layers above see
