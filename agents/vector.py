@@ -471,6 +471,8 @@ class VectorAgent:
         return replace(sampling, seed=derive_seed(seed, _EPISODE_TURN, episode.index, turn))
 
     def _record_turn(self, episode: _Episode, completion: Completion, action: str, stats: CollectStats) -> None:
+        turn = len(episode.turns) + 1
+        sampling = self.sampling if self.sampling_for is None else self.sampling_for(episode.index, turn)
         episode.turns.append(
             Turn(
                 context_ids=list(episode.context),
@@ -478,6 +480,8 @@ class VectorAgent:
                 sample_logprobs=list(completion.logprobs),
                 finish_reason=completion.finish_reason,
                 policy_version=self.policy_version,
+                # Backends record greedy turns' logprobs at temperature 1.
+                logprob_temperature=sampling.temperature or 1.0,
             )
         )
         episode.actions.append(action)

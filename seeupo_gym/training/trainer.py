@@ -314,10 +314,6 @@ class Trainer:
             raise ConfigError("train.max_staleness > 0 runs in one training process; set it to 0 with several")
         if cfg.importance_cap <= 0:
             raise ConfigError(f"train.importance_cap must be > 0, got {cfg.importance_cap}")
-        if self.config.sampling.temperature != 1.0:
-            logger.warning("train.max_staleness > 0: the importance weights compare the learner's logprobs (temperature 1) "
-                           "with the sampler's at temperature %s; they are exact at temperature 1",
-                           self.config.sampling.temperature)
         try:
             sampler = self.backend.overlapped_sampler()
         except (NotImplementedError, ValueError) as error:
