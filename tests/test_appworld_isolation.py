@@ -202,6 +202,86 @@ def test_the_episode_is_stopped_between_steps(server):
     assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
 
 
+ZOMBIE_LEADER = """
+    T = typing.sys.modules['threading']
+    typing.sys.modules['limits'].kill_descendants = lambda: 0  # the episode's own clean-up
+    if P.fork() == 0:
+        def wake():  # SIGCONT the stopped episode (PID 1 here), then spin
+            while True:
+                try:
+                    P.kill(1, 18)
+                except OSError:
+                    pass
+        for _ in range(2):
+            T.Thread(target=wake, daemon=True).start()
+        libc.syscall(60, 0)  # exit(2): the main thread alone; the leader shows as a zombie
+    def spin():
+        while True:
+            pass
+    T.Thread(target=spin, daemon=True).start()
+    print('planted')
+"""
+FORK_STORM = """
+    typing.sys.modules['limits'].kill_descendants = lambda: 0
+    def storm():
+        while True:
+            try:
+                if P.fork() == 0:
+                    P.setsid()
+            except OSError:
+                pass
+            try:
+                P.kill(1, 18)
+            except OSError:
+                pass
+    T = typing.sys.modules['threading']
+    T.Thread(target=storm, daemon=True).start()
+    if P.fork() == 0:
+        storm()
+    typing.sys.modules['time'].sleep(0.3)
+    print('storming')
+"""
+
+
+def episode_processes(server: AppWorldServer) -> list[psutil.Process]:
+    """Processes of the episode's namespace that are not dead, seen from the host: below the
+    warm parent, except the supervisor and the episode's process (which is stopped)."""
+    parent = warm_parent(server)
+    supervisors = parent.children()
+    inside = [p for s in supervisors for p in s.children(recursive=True)]
+    found = []
+    for process in inside[1:]:  # inside[0]: the episode's process
+        try:
+            if any(psutil.Process(t.id).status() != psutil.STATUS_ZOMBIE for t in process.threads()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_a_process_whose_main_thread_exited_does_not_outlive_the_pause_nor_wake_the_episode(server):
+    output = run(server, ZOMBIE_LEADER, fresh=True)
+    assert output.strip() == "planted", output
+    before = server_cpu_seconds(server)
+    time.sleep(5.0)
+    used = server_cpu_seconds(server) - before
+    assert used < IDLE_CPU_S, f"the server used {used:.2f} CPU-s in the 5 s between two steps"
+    assert episode_processes(server) == []
+    assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
+
+
+def test_a_fork_storm_never_outlasts_the_sweep(server):
+    outcomes = []
+    for trial in range(8):
+        output = run(server, FORK_STORM, fresh=True)
+        before = server_cpu_seconds(server)
+        time.sleep(1.0)
+        used = server_cpu_seconds(server) - before
+        left = episode_processes(server)
+        outcomes.append((trial, output.strip()[-20:], round(used, 2), len(left)))
+    assert all(used < IDLE_CPU_S and left == 0 for _, _, used, left in outcomes), outcomes
+
+
 # ---------------------------------------------------------------------------- the kernel
 
 
