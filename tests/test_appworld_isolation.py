@@ -504,6 +504,18 @@ def test_the_grader_replays_nothing_but_data_changes_of_the_apps_own_tables(serv
         server.grade("mininote_2", with_change(honest_state, "phone", statement))
 
 
+def test_a_self_join_costs_the_grader_a_bounded_moment_and_no_restart(server, honest_state):
+    # 14 copies of a 4-row table: 4**14 rows to visit; the replay's step budget ends it.
+    join = "UPDATE alarms SET label = 'x' FROM " + ", ".join(f"alarms a{i}" for i in range(13))
+    grader = psutil.Process(server._grader.pid)
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="over 10000000 SQLite steps"):
+        server.grade("mininote_2", with_change(honest_state, "phone", join))
+    assert time.monotonic() - start < 10, time.monotonic() - start  # a busy 2-core machine: ~1 s
+    assert server._grader.pid == grader.pid and grader.is_running()
+    assert server.grade("mininote_2", honest_state)["success"]
+
+
 # ---------------------------------------------------------------------------- the wire
 
 # The episode's socket and the request being answered, from the frame of `episode.serve`.
