@@ -202,6 +202,86 @@ def test_the_episode_is_stopped_between_steps(server):
     assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
 
 
+ZOMBIE_LEADER = """
+    T = typing.sys.modules['threading']
+    typing.sys.modules['limits'].kill_descendants = lambda: 0  # the episode's own clean-up
+    if P.fork() == 0:
+        def wake():  # SIGCONT the stopped episode (PID 1 here), then spin
+            while True:
+                try:
+                    P.kill(1, 18)
+                except OSError:
+                    pass
+        for _ in range(2):
+            T.Thread(target=wake, daemon=True).start()
+        libc.syscall(60, 0)  # exit(2): the main thread alone; the leader shows as a zombie
+    def spin():
+        while True:
+            pass
+    T.Thread(target=spin, daemon=True).start()
+    print('planted')
+"""
+FORK_STORM = """
+    typing.sys.modules['limits'].kill_descendants = lambda: 0
+    def storm():
+        while True:
+            try:
+                if P.fork() == 0:
+                    P.setsid()
+            except OSError:
+                pass
+            try:
+                P.kill(1, 18)
+            except OSError:
+                pass
+    T = typing.sys.modules['threading']
+    T.Thread(target=storm, daemon=True).start()
+    if P.fork() == 0:
+        storm()
+    typing.sys.modules['time'].sleep(0.3)
+    print('storming')
+"""
+
+
+def episode_processes(server: AppWorldServer) -> list[psutil.Process]:
+    """Processes of the episode's namespace that are not dead, seen from the host: below the
+    warm parent, except the supervisor and the episode's process (which is stopped)."""
+    parent = warm_parent(server)
+    supervisors = parent.children()
+    inside = [p for s in supervisors for p in s.children(recursive=True)]
+    found = []
+    for process in inside[1:]:  # inside[0]: the episode's process
+        try:
+            if any(psutil.Process(t.id).status() != psutil.STATUS_ZOMBIE for t in process.threads()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_a_process_whose_main_thread_exited_does_not_outlive_the_pause_nor_wake_the_episode(server):
+    output = run(server, ZOMBIE_LEADER, fresh=True)
+    assert output.strip() == "planted", output
+    before = server_cpu_seconds(server)
+    time.sleep(5.0)
+    used = server_cpu_seconds(server) - before
+    assert used < IDLE_CPU_S, f"the server used {used:.2f} CPU-s in the 5 s between two steps"
+    assert episode_processes(server) == []
+    assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
+
+
+def test_a_fork_storm_never_outlasts_the_sweep(server):
+    outcomes = []
+    for trial in range(8):
+        output = run(server, FORK_STORM, fresh=True)
+        before = server_cpu_seconds(server)
+        time.sleep(1.0)
+        used = server_cpu_seconds(server) - before
+        left = episode_processes(server)
+        outcomes.append((trial, output.strip()[-20:], round(used, 2), len(left)))
+    assert all(used < IDLE_CPU_S and left == 0 for _, _, used, left in outcomes), outcomes
+
+
 # ---------------------------------------------------------------------------- the kernel
 
 
@@ -281,6 +361,105 @@ def test_each_sandbox_is_a_host_user_of_its_own(server):
     assert len(uids) == 2 and not uids & {0, 65534, os.getuid()}, uids
 
 
+# ---------------------------------------------------------------------------- concurrent sandboxes
+
+# A sender encodes bits as locks on a file every sandbox binds from the host (the interpreter):
+# POSIX record locks, OFD locks and flock; a receiver in another sandbox, at the same time,
+# reads them with F_GETLK / F_OFD_GETLK, a non-blocking flock and /proc/locks.
+FLOCK = "'hh4xqqi4x'"  # struct flock on 64-bit Linux
+SEND_BY_LOCKS = """
+    F, S = typing.sys.modules['fcntl'], typing.sys.modules['struct']
+    exe = typing.sys.executable
+    held = [P.open(exe, P.O_RDONLY) for _ in range(3)]
+    for i in range(16):
+        if {secret} >> i & 1:
+            F.fcntl(held[0], F.F_SETLK, S.pack(FLOCK, F.F_RDLCK, 0, {base} + i, 1, 0))
+            F.fcntl(held[1], 37, S.pack(FLOCK, F.F_RDLCK, 0, {base} + 100 + i, 1, 0))  # F_OFD_SETLK
+    if {secret} & 1:
+        F.flock(held[2], F.LOCK_SH)
+    typing.sys.modules['builtins'].seeupo_held = held  # keep them open between steps
+    print('sent')
+""".replace("FLOCK", FLOCK)
+RECEIVE_BY_LOCKS = """
+    F, S = typing.sys.modules['fcntl'], typing.sys.modules['struct']
+    exe = typing.sys.executable
+    fd = P.open(exe, P.O_RDONLY)
+    def probe(command, start):
+        try:
+            kind = S.unpack(FLOCK, F.fcntl(fd, command, S.pack(FLOCK, F.F_WRLCK, 0, start, 1, 0)))[0]
+            return '1' if kind != F.F_UNLCK else '0'
+        except OSError:
+            return 'e'
+    posix = ''.join(probe(F.F_GETLK, {base} + i) for i in range(16))
+    ofd = ''.join(probe(36, {base} + 100 + i) for i in range(16))  # F_OFD_GETLK
+    try:
+        F.flock(fd, F.LOCK_EX | F.LOCK_NB)
+        flock = '0'
+    except BlockingIOError:
+        flock = '1'
+    except OSError:
+        flock = 'e'
+    inode = ':' + str(P.stat(exe).st_ino) + ' '
+    listed = P.read(P.open('/proc/locks', P.O_RDONLY), 1 << 20).decode().splitlines()
+    starts = sorted(int(line.split()[-2]) - {base} for line in listed if inode in line
+                    and {base} <= int(line.split()[-2]) < {base} + 200)
+    print(posix, ofd, flock, starts)
+""".replace("FLOCK", FLOCK)
+
+
+@pytest.fixture(scope="module")
+def other_server():
+    own = AppWorldServer(find_python(), MINI)
+    own.start()
+    own.wait_ready()
+    yield own
+    own.shutdown()
+
+
+def test_concurrent_sandboxes_cannot_pass_bits_through_locks_on_shared_files(server, other_server):
+    """Sandbox A holds locks on the interpreter (bound read-only from the host into every
+    sandbox) while sandbox B's episode runs: B reads the same thing whatever A sent."""
+    base = 10**6 + int.from_bytes(os.urandom(2), "big") * 1000  # apart from other runs' locks
+    seen = []
+    for secret in (0xA5A5, 0x5A5A):
+        sent = run(server, SEND_BY_LOCKS.format(secret=secret, base=base), fresh=True)
+        assert sent.strip() == "sent", sent
+        seen.append(run(other_server, RECEIVE_BY_LOCKS.format(base=base), fresh=True).strip())
+    assert seen[0] == seen[1], f"B read different locks for different secrets: {seen}"
+    posix, ofd, flock, starts = seen[0].split(" ", 3)
+    assert "1" not in posix + ofd + flock and starts == "[]", seen[0]
+
+
+def test_locks_model_code_takes_exclude_nothing_and_sqlite_still_reads_the_tasks_dbs(server):
+    # The episode's world was opened from the task's DB files (SQLite takes its locks there):
+    # the ground truth still solves the task under the filter.
+    server.close_episode(collect=False)
+    server.open_episode("mininote_2", timeout_seconds=10, max_interactions=50)
+    server.execute(solution("mininote_2"), timeout=40)
+    assert server.grade("mininote_2", server.close_episode(collect=True))["success"]
+    output = run(server, """
+        F, S = typing.sys.modules['fcntl'], typing.sys.modules['struct']
+        fd = P.open('/scratch/tmp/own', P.O_RDWR | P.O_CREAT)
+        F.fcntl(fd, F.F_SETLK, S.pack(FLOCK, F.F_WRLCK, 0, 0, 1, 0))
+        F.flock(fd, F.LOCK_EX)
+        print('taken')
+        for what, call in (('getlk', lambda: F.fcntl(fd, F.F_GETLK, S.pack(FLOCK, F.F_WRLCK, 0, 0, 1, 0))),
+                           ('lease', lambda: F.fcntl(fd, 1024, F.F_RDLCK)),
+                           ('notify', lambda: F.fcntl(P.open('/usr/bin', P.O_RDONLY), 1026, 1)),
+                           ('nowait', lambda: P.preadv(fd, [bytearray(1)], 0, 8)),
+                           ('evict', lambda: P.posix_fadvise(fd, 0, 0, 4))):
+            try:
+                call()
+                print(what, 'allowed')
+            except OSError:
+                print(what, 'refused')
+        for what, number in (('mincore', 27), ('cachestat', 451)):  # ENOSYS
+            print(what, 'refused' if libc.syscall(number, 0, 0, 0, 0) == -1 and C.get_errno() == 38 else 'allowed')
+    """.replace("FLOCK", FLOCK), fresh=True)
+    lines = output.strip().splitlines()
+    assert lines[0] == "taken" and all(line.endswith("refused") for line in lines[1:]), output
+
+
 # ---------------------------------------------------------------------------- the grader
 
 COLLATERAL = ["assert no model other than simple_note.Note changed."]
@@ -323,6 +502,18 @@ def test_side_effects_the_episode_writes_itself_are_seen_by_the_grader(server, h
 def test_the_grader_replays_nothing_but_data_changes_of_the_apps_own_tables(server, honest_state, statement):
     with pytest.raises(ServerError, match="not a data change|does not replay"):
         server.grade("mininote_2", with_change(honest_state, "phone", statement))
+
+
+def test_a_self_join_costs_the_grader_a_bounded_moment_and_no_restart(server, honest_state):
+    # 14 copies of a 4-row table: 4**14 rows to visit; the replay's step budget ends it.
+    join = "UPDATE alarms SET label = 'x' FROM " + ", ".join(f"alarms a{i}" for i in range(13))
+    grader = psutil.Process(server._grader.pid)
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="over 10000000 SQLite steps"):
+        server.grade("mininote_2", with_change(honest_state, "phone", join))
+    assert time.monotonic() - start < 10, time.monotonic() - start  # a busy 2-core machine: ~1 s
+    assert server._grader.pid == grader.pid and grader.is_running()
+    assert server.grade("mininote_2", honest_state)["success"]
 
 
 # ---------------------------------------------------------------------------- the wire

@@ -169,7 +169,7 @@ class Launcher:
         self.seccomp = False
         if self.bwrap is not None:
             try:
-                seccomp.filter_program()
+                seccomp.filter_program(model_code=True)
                 self.seccomp = True
             except seccomp.SeccompUnavailable as error:
                 _warn_no_seccomp(str(error))
@@ -220,7 +220,9 @@ class Launcher:
         command += [*self._drop_to_nobody(), *self._python(script, control_fd)]
         if filter_per_process:
             command.append("{seccomp_fd}" if self.seccomp else "none")
-        return self._start_bwrap(command, control_fd, log, cgroup)
+        # Only the cell sandbox runs model code: it gets the filter that also closes the shared
+        # inodes (locks); the grader's SQLite needs locks on the DBs it builds.
+        return self._start_bwrap(command, control_fd, log, cgroup, model_code=filter_per_process)
 
     # ------------------------------------------------------------------ sandboxed
 
@@ -307,7 +309,8 @@ class Launcher:
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
     def _start_bwrap(
-        self, command: list[str], control_fd: int | None, log: IO[bytes], cgroup: MemoryCgroup | None = None
+        self, command: list[str], control_fd: int | None, log: IO[bytes], cgroup: MemoryCgroup | None = None,
+        model_code: bool = False,
     ) -> subprocess.Popen[bytes]:
         # bwrap's child waits on block_fd while we put it in its memory cgroup and, as root,
         # map sandbox root to host root (to build the sandbox) and sandbox nobody to host
@@ -315,7 +318,7 @@ class Launcher:
         inherited = () if control_fd is None else (control_fd,)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
-        filters = (seccomp.filter_fd(),) if self.seccomp else ()
+        filters = (seccomp.filter_fd(model_code),) if self.seccomp else ()
         command = [part.format(block_fd=block_read, info_fd=info_write, seccomp_fd=filters[0] if filters else -1)
                    for part in command]
         try:

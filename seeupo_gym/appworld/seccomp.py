@@ -8,7 +8,19 @@ modules; and kernel budgets one sandbox could use up for the host or another san
 (inotify instances are charged to the user that made the sandbox's user namespace, root;
 `F_SETPIPE_SZ` draws on a per-user pipe budget). Sockets: only AF_UNIX (AppWorld talks to its
 apps in-process; asyncio's self-pipe is a Unix socketpair); AF_VSOCK, in particular, is not
-namespaced and would reach the virtual machine's host. Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
+namespaced and would reach the virtual machine's host.
+
+Files every sandbox binds from the host (the interpreter, the venv, the API docs) are the same
+inodes in all of them, so whatever state the kernel keeps per inode and lets one process set
+and another read is a channel between concurrent episodes. The model-code filter
+(`filter_program(model_code=True)`, loaded on each episode's process) closes them all: record
+locks (`fcntl` F_SETLK/F_SETLKW and their OFD forms) and `flock` report success and take no
+lock, asking for one (F_GETLK, F_OFD_GETLK) is refused, and so are leases, directory
+notifications (`F_NOTIFY` reports other processes' reads) and the page-cache probes that need
+no clock (`mincore`, `cachestat`, `preadv2`/`pwritev2` with RWF_NOWAIT, fadvise DONTNEED to
+evict). seccomp cannot see paths, so the episode's own scratch files get no locks either;
+AppWorld needs none (its DBs are in memory, read once from the task's files by one process).
+The grader runs no model code and keeps real locks (SQLite writes the DBs it builds). Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
 as BPF, and loaded by bwrap (`--seccomp FD`) just before it starts the worker; no_new_privs
 is already set, so no privilege is needed. The cell sandbox loads it per episode instead
 (`worker/limits.py`, `load_seccomp`), after the episode's own namespaces are made. System calls of other architectures (32-bit
@@ -36,6 +48,14 @@ REFUSED = (
 )
 SOCKET_FAMILIES = (1,)  # AF_UNIX; socket(2) and socketpair(2) with any other family: EAFNOSUPPORT
 F_SETPIPE_SZ = 1031
+# fcntl commands on per-inode state another sandbox could see. Taking a lock (F_SETLK,
+# F_SETLKW, their OFD forms; flock) "succeeds" and takes none: the kernel then holds no lock
+# of any sandbox, and honest single-process users (SQLite reading the task's DBs) work on.
+# Asking for one (F_GETLK, F_OFD_GETLK), leases and directory notifications are refused.
+FAKED_LOCKS = (6, 7, 37, 38)
+REFUSED_FCNTL = (5, 36, 1024, 1025, 1026)
+RWF_NOWAIT = 0x8
+POSIX_FADV_DONTNEED = 4
 # clone(2) flags that make namespaces; clone3 hides its flags in memory, so it gets ENOSYS and
 # the C library falls back to clone, whose flags the filter can see.
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -59,8 +79,12 @@ class SeccompUnavailable(RuntimeError):
 
 
 @functools.cache
-def filter_program() -> bytes:
-    """The filter as a BPF program (what bwrap's --seccomp reads); built once per process."""
+def filter_program(model_code: bool = True) -> bytes:
+    """The filter as a BPF program (what bwrap's --seccomp reads); built once per process and kind.
+
+    model_code: also refuse what would let concurrent episodes talk through shared inodes
+    (locks, leases, notifications, page-cache probes); False for the grader only.
+    """
     name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
     try:
         lib = ctypes.CDLL(name, use_errno=True)
@@ -98,6 +122,17 @@ def filter_program() -> bytes:
         for syscall in ("socket", "socketpair"):
             refuse(syscall, _act_errno(errno.EAFNOSUPPORT), _ArgCmp(0, _CMP_NE, SOCKET_FAMILIES[0], 0))
         refuse("fcntl", _act_errno(errno.EPERM), _ArgCmp(1, _CMP_MASKED_EQ, _INT_MASK, F_SETPIPE_SZ))
+        if model_code:
+            for command in FAKED_LOCKS:
+                refuse("fcntl", _act_errno(0), _ArgCmp(1, _CMP_MASKED_EQ, _INT_MASK, command))
+            for command in REFUSED_FCNTL:
+                refuse("fcntl", _act_errno(errno.EPERM), _ArgCmp(1, _CMP_MASKED_EQ, _INT_MASK, command))
+            refuse("flock", _act_errno(0))
+            for syscall in ("mincore", "cachestat"):
+                refuse(syscall, _act_errno(errno.ENOSYS))
+            for syscall in ("preadv2", "pwritev2"):
+                refuse(syscall, _act_errno(errno.EOPNOTSUPP), _ArgCmp(5, _CMP_MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
+            refuse("fadvise64", _act_errno(errno.EPERM), _ArgCmp(3, _CMP_MASKED_EQ, _INT_MASK, POSIX_FADV_DONTNEED))
         read_end, write_end = os.pipe()
         try:
             # Small enough for the pipe's buffer (a few KiB against 64 KiB).
@@ -117,9 +152,9 @@ def filter_program() -> bytes:
         lib.seccomp_release(context)
 
 
-def filter_fd() -> int:
+def filter_fd(model_code: bool = True) -> int:
     """A fresh file descriptor holding the filter, for one bwrap to read (it reads it to the end)."""
     fd = os.memfd_create("seeupo-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, filter_program())
+    os.write(fd, filter_program(model_code))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

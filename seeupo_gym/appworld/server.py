@@ -9,8 +9,9 @@ only in an episode process that is
 - inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
   private scratch, only the current task's public files, rlimits, one memory cgroup for all
   its processes, no inherited environment,
-- stopped (SIGSTOP, all its threads) between requests, after the warm parent has killed
-  whatever the request started: nothing of it runs while the policy thinks,
+- stopped (SIGSTOP, all its threads) between requests, and everything else in its PID
+  namespace killed (by its supervisor, from inside that namespace, whatever the processes'
+  state: zombie-looking leaders, fork storms): nothing of it runs while the policy thinks,
 - killed with everything in its namespaces when the episode ends (its final state is read
   out first), so no variable, patch, thread, process, IPC object or file reaches the next.
 The grader runs in a second sandbox where no model code ever runs; it has the ground truth
@@ -436,7 +437,8 @@ class AppWorldServer:
         and stops it again (a cell can patch its own process, so the parent, where no model
         code runs, does this). The reply must carry the request's id: model code can write
         to this socket, and a reply to no request (forged, or the real one after a forged
-        one) ends the episode rather than shifting every later reply by one."""
+        one) ends the episode rather than shifting every later reply by one. An episode whose
+        processes cannot be made still is killed by the sweep: its next request ends it."""
         if self._episode is None:
             raise ServerError("no episode is open")
         if self._episode_frozen:

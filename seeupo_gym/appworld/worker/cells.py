@@ -5,8 +5,9 @@ Run by the AppWorld interpreter inside the cell sandbox:  python -P cells.py CON
 The parent imports AppWorld and its apps but opens no world and runs no model code. On
 "begin" (with a socket riding along) it starts the episode (`Episode`): a process in
 namespaces of its own that opens the task's world, without its ground truth, and runs the
-episode's requests on that socket. Between requests the host has the parent "sweep" (kill
-what the cell started, then stop the episode's process) and "thaw" it again. On "end" it
+episode's requests on that socket. Between requests the host has the parent "sweep" (the
+episode's supervisor stops the episode's process and kills everything else in its namespace)
+and "thaw" it again. On "end" it
 kills the episode and everything in its namespaces, hands back the episode's final state
 (AppWorld's DB change files) and empties the scratch folder, so nothing survives into the
 next episode. It exits when the host's end of CONTROL_FD closes.
@@ -29,6 +30,11 @@ SCRATCH = os.environ.get("SEEUPO_SCRATCH", "/scratch")
 EXPERIMENT = "seeupo"
 STATE_FILE = re.compile(r"[A-Za-z0-9_]{1,64}\.jsonl")  # DB changes; hashes are not trusted
 MAX_STATE_BYTES = 48 * 2**20
+# The supervisor's sweep makes the episode's namespace still within this, or kills the episode
+# (well within the host's wait for the warm parent, server.CONTROL_TIMEOUT_S).
+SWEEP_S = 2.0
+STOP_WAIT_S = 0.1  # a stopped process's threads all stop within microseconds on an idle machine
+KILL_PROGRAM = "/bin/kill"
 
 
 def main() -> None:
@@ -93,11 +99,12 @@ class Episode:
     number), and killing it kills everything in that namespace. The episode's process then
     makes an IPC namespace of its own (SysV shared memory, semaphores and message queues die
     with it), drops the capabilities the user namespace gave it and loads the seccomp filter
-    (which refuses new namespaces from then on) before any model code runs.
+    (which refuses new namespaces from then on) before any model code runs. The supervisor
+    also sweeps that namespace between requests (`_sweep_namespace`), on this parent's word.
     """
 
-    def __init__(self, supervisor: int, pid: int, status_fd: int) -> None:
-        self.supervisor, self.pid, self._status_fd = supervisor, pid, status_fd
+    def __init__(self, supervisor: int, pid: int, status_fd: int, sweeps: socket.socket) -> None:
+        self.supervisor, self.pid, self._status_fd, self._sweeps = supervisor, pid, status_fd, sweeps
         self.frozen = False
 
     @classmethod
@@ -106,34 +113,48 @@ class Episode:
     ) -> Episode:
         parent = os.getpid()
         status_read, status_write = os.pipe()
+        sweeps, supervisor_sweeps = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         supervisor = os.fork()
         if supervisor == 0:
             try:
                 control.close()  # the episode must not be able to talk to the parent
+                sweeps.close()
                 os.close(status_read)
-                _supervise(parent, episode_fd, request, sandboxed, program, status_write)
+                _supervise(parent, episode_fd, request, sandboxed, program, status_write, supervisor_sweeps)
             finally:
                 os._exit(0)
         os.close(episode_fd)
         os.close(status_write)
+        supervisor_sweeps.close()
         line = _read_line(status_read)
         if not line.isdigit():
             os.close(status_read)
+            sweeps.close()
             _reap(supervisor)
             raise RuntimeError(f"the episode did not start: {line or 'its supervisor died'}")
         os.set_blocking(status_read, False)
-        return cls(supervisor, int(line), status_read)
+        return cls(supervisor, int(line), status_read, sweeps)
 
     def thaw(self) -> bool:
         self.frozen = False
         return _signal(self.pid, signal.SIGCONT)
 
-    def freeze(self) -> None:
-        """Stop the episode's process (all its threads) until the host's next request: nothing
-        of the episode runs while the policy thinks (threads, timers, signal handlers)."""
-        if _signal(self.pid, signal.SIGSTOP):
+    def sweep(self) -> int:
+        """Have the supervisor kill every other process of the episode's namespace and leave
+        the episode's process stopped; how many it found alive. An episode the supervisor
+        cannot make still within SWEEP_S is killed (its next request finds it gone): -1."""
+        try:
+            self._sweeps.settimeout(SWEEP_S + 1.0)
+            self._sweeps.sendall(b"s")
+            answer = _read_answer(self._sweeps)
+        except OSError:
+            answer = ""
+        if answer.lstrip("-").isdigit() and int(answer) >= 0:
             self.frozen = True
-            _wait_until_stopped(self.pid)
+            return int(answer)
+        for target in (self.pid, self.supervisor):
+            _signal(target, signal.SIGKILL)
+        return -1
 
     def ended(self) -> str:
         """How the episode's process ended by itself ("" if it is still running)."""
@@ -149,14 +170,16 @@ class Episode:
             _signal(target, signal.SIGKILL)
         _reap(self.supervisor)
         os.close(self._status_fd)
+        self._sweeps.close()
         return ended
 
 
 def _supervise(
-    parent: int, episode_fd: int, request: dict, sandboxed: bool, program: bytes | None, status_fd: int
+    parent: int, episode_fd: int, request: dict, sandboxed: bool, program: bytes | None, status_fd: int,
+    sweeps: socket.socket,
 ) -> None:
-    """The supervisor: make the namespaces, start the episode's process, report its pid and,
-    once it has ended, its wait status."""
+    """The supervisor: make the namespaces, start the episode's process, report its pid,
+    sweep its namespace when the parent asks and, once it has ended, report its wait status."""
     try:
         os.setsid()  # its own session and process group: `_stop` kills all of it
         limits.die_with_parent(parent)
@@ -170,11 +193,22 @@ def _supervise(
     if pid == 0:
         os.close(status_fd)
         os.close(alive_write)
+        sweeps.close()
         _run_episode(episode_fd, request, sandboxed, program, alive_read)
         return
     os.close(episode_fd)
     os.close(alive_read)
     os.write(status_fd, f"{pid}\n".encode())
+    ended = os.pidfd_open(pid)
+    keep = {1, parent, os.getpid(), pid}  # the sandbox's init, the warm parent, us, the episode
+    while True:
+        ready = select.select([ended, sweeps], [], [])[0]
+        if ended in ready:
+            break
+        if not sweeps.recv(16):
+            break  # the parent is gone (and we with it: die_with_parent)
+        found = _sweep_namespace(pid, keep) if sandboxed else _sweep_tree(pid)
+        sweeps.sendall(f"{found}\n".encode())
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -253,14 +287,92 @@ def _sweep(episode: Episode | None) -> int:
     """Kill what the episode's cells started, leave the episode's process, and freeze it until
     the next request. The host asks after every request: the episode cleans up after its cells
     itself, but a cell can patch that code; this runs where no model code has run."""
-    if episode is None:
-        return 0
-    if limits.in_own_pid_namespace():
-        killed = limits.kill_all_but({os.getpid(), episode.supervisor, episode.pid})
+    return episode.sweep() if episode is not None else 0
+
+
+def _sweep_namespace(episode: int, keep: set[int]) -> int:
+    """In the supervisor: stop the episode's process (PID 1 of the episode's namespace), then
+    kill everything else in that namespace, whatever its state (a leader that exited while its
+    threads run looks like a zombie; a fork storm outraces any list). Returns how many processes
+    were alive besides the episode's, or -1 if the namespace could not be made still in SWEEP_S.
+
+    kill(-1) from inside the namespace reaches every process there but its PID 1 and the
+    caller, atomically against fork (a child forked meanwhile is either signalled too or its
+    fork fails). So: once the episode's process is stopped and stays stopped across one such
+    kill (its threads' context switches unchanged), only it remains, and nothing is left to
+    wake it. A process list alone is a consistent snapshot only when no pid was allocated
+    while it was read (the fast path when a request started nothing)."""
+    deadline = time.monotonic() + SWEEP_S
+    found = 0
+    while time.monotonic() < deadline:
+        _signal(episode, signal.SIGSTOP)
+        # Not stopped soon: another process keeps waking it; the kill below ends that one.
+        still = _until(lambda: limits.all_stopped(limits.thread_states(episode)), time.monotonic() + STOP_WAIT_S)
+        if still:
+            before = limits.last_pid()
+            alive = limits.live_processes(keep)
+            if not alive and limits.last_pid() == before and limits.thread_states(episode) == still:
+                return found
+            found += len(alive)
+        if not _kill_namespace(deadline):
+            continue
+        if _until(lambda: not limits.live_processes(keep), deadline) is None:
+            break
+        if still and limits.thread_states(episode) == still:  # never woke: nothing was made after the kill
+            return found
+    _signal(episode, signal.SIGKILL)
+    return -1
+
+
+def _kill_namespace(deadline: float) -> bool:
+    """kill(-1, SIGKILL) from a child of the supervisor, which lands in the episode's PID
+    namespace. Spawned (no copy of this large process) where the system has a kill program."""
+    if os.path.exists(KILL_PROGRAM):
+        sweeper = os.posix_spawn(KILL_PROGRAM, ["kill", "-9", "-1"], {})
     else:
-        killed = limits.kill(limits.descendants(episode.pid))  # unsandboxed: the tree only
-    episode.freeze()
+        sweeper = os.fork()
+        if sweeper == 0:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+    # A process of the episode may stop the sweeper before it kills: then it is killed, and
+    # the next round spawns another.
+    if _until(lambda: os.waitpid(sweeper, os.WNOHANG)[0] == sweeper or None, deadline) is None:
+        _signal(sweeper, signal.SIGKILL)
+        _reap(sweeper)
+        return False
+    return True
+
+
+def _sweep_tree(episode: int) -> int:
+    """Unsandboxed (no namespace of the episode's own): kill the episode's process tree, then
+    stop the episode's process."""
+    killed = limits.kill(limits.descendants(episode))
+    _signal(episode, signal.SIGSTOP)
+    _wait_until_stopped(episode)
     return killed
+
+
+def _until(condition, deadline: float):
+    """Poll `condition` until it returns something truthy (returned) or the deadline (None)."""
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.0002)
+
+
+def _read_answer(sock: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 32:
+        chunk = sock.recv(32)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
 
 
 def _stop(episode: Episode | None) -> str:

@@ -114,15 +114,23 @@ def _use_own_root(task_id: str) -> bool:
 _DATA_CHANGE = re.compile(r"\s*(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 _QUERY = re.compile(r"\b(SELECT|WITH|RECURSIVE)\b", re.IGNORECASE)
 MAX_VALUE_BYTES = 16 * 2**20  # the longest string or blob a replayed statement may make
+# SQLite virtual-machine steps one app's replay may take (~0.1-0.2 s of CPU). The ORM's own
+# statements touch a few rows by key (each mini task's ground truth: under 10,000 steps), but
+# model-written SQL can join a table to itself many times (`UPDATE ... FROM` 14 copies of a
+# 4-row table: 4**14 rows), and without a bound the grader spent its whole CPU limit and died.
+MAX_REPLAY_STEPS = 10_000_000
+PROGRESS_EVERY = 1_000
 
 
-def _replay(start_db: str, changes_path: str, final_db: str) -> None:
+def _replay(start_db: str, changes_path: str, final_db: str) -> int:
     """Replay an app's saved changes on a copy of its start DB, as AppWorld does, but only data
     changes SQLite itself attributes: each statement must be an INSERT, UPDATE or DELETE
     (AppWorld's ORM writes nothing else), and SQLite's authorizer, which resolves table names as
     SQLite does (schema-qualified and quoted ones included), allows writes only to the start
     DB's own tables in `main`, reads, and nothing else (no function calls, ATTACH, PRAGMA,
-    CREATE, DROP, ALTER). Raises ValueError on the first statement it refuses."""
+    CREATE, DROP, ALTER). The whole replay may take MAX_REPLAY_STEPS of SQLite's steps (returns
+    how many it took, to PROGRESS_EVERY). Raises ValueError on the first statement it refuses
+    or that goes over."""
     shutil.copyfile(start_db, final_db)
     connection = sqlite3.connect(final_db)
     try:
@@ -143,6 +151,14 @@ def _replay(start_db: str, changes_path: str, final_db: str) -> None:
             return sqlite3.SQLITE_DENY
 
         connection.set_authorizer(authorize)
+        steps = 0
+
+        def over_budget() -> bool:  # True interrupts the statement
+            nonlocal steps
+            steps += PROGRESS_EVERY
+            return steps > MAX_REPLAY_STEPS
+
+        connection.set_progress_handler(over_budget, PROGRESS_EVERY)
         with open(changes_path) as file:
             for number, line in enumerate(file, start=1):
                 if not line.strip():
@@ -158,10 +174,13 @@ def _replay(start_db: str, changes_path: str, final_db: str) -> None:
                         connection.execute(statement, parameters or [])
                 except sqlite3.Error as error:
                     why = f" (refused: {refused[-1]})" if refused else ""
+                    if steps > MAX_REPLAY_STEPS:
+                        why = f" (the replay took over {MAX_REPLAY_STEPS} SQLite steps)"
                     raise ValueError(f"{os.path.basename(changes_path)}:{number} does not replay: {error}{why}") from None
         connection.commit()
     finally:
         connection.close()
+    return steps
 
 
 def _table_rows(connection: sqlite3.Connection, table: str) -> tuple[list[str], list[tuple]]:

@@ -142,16 +142,48 @@ def _namespace_pids(pid: str) -> list[int]:
     return []
 
 
-def kill_all_but(keep: set[int], rounds: int = 50) -> int:
-    """SIGKILL every live process in this PID namespace except PID 1 and `keep`, until none is
-    left (a fork bomb may race the sweep; RLIMIT_NPROC bounds it); returns how many."""
-    killed = 0
-    for _ in range(rounds):
-        targets = [pid for pid, _, state in processes() if pid != 1 and pid not in keep and state not in "ZX"]
-        if not targets:
-            break
-        killed += kill(targets)
-    return killed
+def thread_states(pid: int) -> dict[int, tuple[str, int]]:
+    """{thread id: (state, context switches so far)} of a process's threads ({} once it is
+    gone). Switches grow whenever a thread runs, so equal values mean it did not run between."""
+    found = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", "rb") as status:
+                fields = dict(line.split(b":", 1) for line in status.read().splitlines() if b":" in line)
+            state = fields[b"State"].split()[0].decode()
+            switches = int(fields[b"voluntary_ctxt_switches"]) + int(fields[b"nonvoluntary_ctxt_switches"])
+        except (OSError, KeyError, ValueError):
+            continue  # exited meanwhile
+        found[int(tid)] = (state, switches)
+    return found
+
+
+def all_stopped(threads: dict[int, tuple[str, int]]) -> dict[int, tuple[str, int]] | None:
+    """`threads` if every one is stopped or dead (and there is one), else None."""
+    if threads and all(state in "TZX" for state, _ in threads.values()):
+        return threads
+    return None
+
+
+def live_processes(keep: set[int]) -> list[int]:
+    """Processes here, `keep` aside, with a thread that is not dead: a thread-group leader that
+    has exited shows as a zombie while its other threads still run."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in keep:
+            if any(state not in "ZX" for state, _ in thread_states(int(entry)).values()):
+                alive.append(int(entry))
+    return alive
+
+
+def last_pid() -> int:
+    """The last pid this PID namespace handed out (to a process or a thread)."""
+    with open("/proc/sys/kernel/ns_last_pid") as file:
+        return int(file.read())
 
 
 def descendants(root: int) -> list[int]:
