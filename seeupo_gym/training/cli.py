@@ -285,7 +285,7 @@ def export_main(argv: list[str] | None = None) -> int:
                         "the file (jsonl) or folder (hf) to write (default: in the run folder)")
     parser.add_argument("--format", choices=("jsonl", "hf"), help="export the run's rollouts: one JSON line per episode, "
                         "or a Hugging Face `datasets` folder (load_from_disk)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # RUN_DIR --format jsonl OUT
     if args.format is not None:
         from seeupo_gym.training.rollouts import export_rollouts
 

@@ -22,6 +22,7 @@ import gzip
 import json
 import logging
 import math
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,6 +36,14 @@ logger = logging.getLogger(__name__)
 ROLLOUTS_FILE = "rollouts.jsonl.gz"
 SCHEMA = "seeupo-rollout/1"
 EXPORT_FORMATS = ("jsonl", "hf")
+# A str holds a surrogate code point only unpaired (model text decoded with errors="surrogateescape",
+# a JSON "\ud800"): not encodable as UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 # ------------------------------------------------------------------------------------ records
@@ -185,9 +194,8 @@ class RolloutLog:
     def write(self, batch: RolloutBatch, *, step: int, schedule: Sequence[UpdatePhase] = ()) -> None:
         records = batch_records(batch, self.tokenizer, step=step, schedule=schedule)
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        # errors="replace": a lone surrogate in model text must not cost the step.
-        with open(self.path, "ab") as f:
-            f.write(gzip.compress(text.encode("utf-8", errors="replace")))
+        with open(self.path, "ab") as f:  # a lone surrogate in model text must not cost the step
+            f.write(gzip.compress(valid_unicode(text).encode("utf-8")))
 
     def truncate(self, last_step: int) -> None:
         """Keep the steps up to `last_step` (a resumed run goes on from its checkpoint)."""
@@ -196,7 +204,7 @@ class RolloutLog:
         kept = [r for r in read_rollouts(self.path) if r.get("step", 0) <= last_step]
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(gzip.compress(text.encode("utf-8", errors="replace")))
+        tmp.write_bytes(gzip.compress(valid_unicode(text).encode("utf-8")))
         tmp.replace(self.path)
 
 

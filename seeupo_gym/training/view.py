@@ -6,7 +6,8 @@
 
 Episodes are grouped by task, turn by turn: the context delta, the response, the tool calls and the
 env's answer, the reward, and what the update did with the turn (A, and SeeUPO's M and ratio).
-Filters by task, reward, step and text run in the page. The page is self-contained (inline CSS and
+Filters by task, reward, step and text run in the page (also from the address:
+`rollouts.html#task=ID&rmin=0.5&smin=10&text=error`). The page is self-contained (inline CSS and
 JS, nothing fetched) and holds every episode asked for.
 
 Model text is hostile: every string is HTML-escaped on the way in, and the page's Content Security
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from seeupo_gym.training.rollouts import read_rollouts
+from seeupo_gym.training.rollouts import read_rollouts, valid_unicode
 
 PAGE_FILE = "rollouts.html"
 DEFAULT_PORT = 8765
@@ -79,6 +80,9 @@ _JS = """
     });
     shown.textContent=String(count);
   }
+  // Filters can come in the address: page.html#task=ID&rmin=0.5&smax=10&text=word
+  var fields={task:task,rmin:rmin,rmax:rmax,smin:smin,smax:smax,text:text};
+  new URLSearchParams(location.hash.slice(1)).forEach(function(v,k){if(fields[k]){fields[k].value=v;}});
   [task,rmin,rmax,smin,smax,text].forEach(function(el){el.addEventListener('input',apply);});
   apply();
 })();
@@ -88,7 +92,7 @@ _JS = """
 def _text(value: Any) -> str:
     """Any value as safe HTML text: valid Unicode, control characters made visible, escaped."""
     text = value if isinstance(value, str) else str(value)
-    text = text.encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates
+    text = valid_unicode(text)
     text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return html.escape(text, quote=True)
 
