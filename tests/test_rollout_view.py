@@ -123,7 +123,7 @@ def test_log_appends_a_gzip_member_per_step_truncates_on_resume_and_survives_a_d
     for step in (1, 2, 3):
         log.write(RolloutBatch([two_turn_episode(tokenizer, f"s{step}", response=HOSTILE)]), step=step)
     assert [r["step"] for r in read_rollouts(tmp_path)] == [1, 2, 3]
-    assert read_rollouts(tmp_path).__next__()["turns"][0]["response"].endswith("\ufffd end")  # the lone surrogate
+    assert read_rollouts(tmp_path).__next__()["turns"][0]["response"].endswith("\\ud800 end")  # the lone surrogate, escaped
     log.truncate(2)
     assert [r["rollout_id"] for r in read_rollouts(tmp_path)] == ["s1", "s2"]
     with open(tmp_path / ROLLOUTS_FILE, "ab") as f:  # a run killed mid-write
@@ -183,7 +183,7 @@ def test_page_escapes_hostile_text_everywhere(tokenizer):
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
     assert "\x00" not in page and "\\x00\\x1b[31m" in page  # control characters shown, not sent
     assert page.count("<script") == 1  # the page's own
-    page.encode("utf-8")  # valid Unicode: the lone surrogate became U+FFFD
+    page.encode("utf-8")  # valid Unicode: the lone surrogate is shown escaped
 
 
 def test_steps_option_keeps_only_those_steps(tiny_run, tmp_path):

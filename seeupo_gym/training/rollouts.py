@@ -22,7 +22,6 @@ import gzip
 import json
 import logging
 import math
-import re
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,21 +29,13 @@ from typing import Any
 
 from seeupo_gym.algorithms.base import UpdatePhase
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory
+from seeupo_gym.text import valid_unicode
 
 logger = logging.getLogger(__name__)
 
 ROLLOUTS_FILE = "rollouts.jsonl.gz"
 SCHEMA = "seeupo-rollout/1"
 EXPORT_FORMATS = ("jsonl", "hf")
-# A str holds a surrogate code point only unpaired (model text decoded with errors="surrogateescape",
-# a JSON "\ud800"): not encodable as UTF-8.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def valid_unicode(text: str) -> str:
-    """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8."""
-    return _SURROGATE.sub("\ufffd", text)
-
 
 # ------------------------------------------------------------------------------------ records
 
@@ -55,6 +46,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _text(value: Any) -> str:
+    # Model text may hold lone surrogates: escaped, so the record encodes as UTF-8 (and stays so
+    # when read back: a JSON "\\ud800" escape would bring the surrogate back).
+    return valid_unicode(value if isinstance(value, str) else str(value))
 
 
 def _float(value: Any) -> float | None:
@@ -85,9 +82,9 @@ def _tool_calls(message: dict[str, Any] | None) -> list[dict[str, str]]:
         function = call.get("function", {}) if isinstance(call, dict) else {}
         arguments = function.get("arguments", {})
         calls.append({
-            "name": str(function.get("name", "")),
+            "name": _text(function.get("name", "")),
             # A JSON string: arguments differ in shape from call to call, a dataset column cannot.
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=str),
+            "arguments": _text(arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=str)),
         })
     return calls
 
@@ -137,13 +134,13 @@ def episode_record(
             # Tokens of the previous context + response this context starts with: all of them unless
             # the context was rebuilt (e.g. earlier <think> blocks dropped).
             "context_kept_tokens": kept,
-            "context_delta": tokenizer.decode(turn.context_ids[kept:], skip_special_tokens=False),
-            "response": str(response),
+            "context_delta": _text(tokenizer.decode(turn.context_ids[kept:], skip_special_tokens=False)),
+            "response": _text(response),
             "response_tokens": len(turn.response_ids),
             "finish_reason": str(turn.finish_reason),
             "tool_calls": _tool_calls(assistant),
             "observation": [
-                {"role": str(m.get("role", "")), "name": str(m.get("name", "") or ""), "content": str(m.get("content", ""))}
+                {"role": _text(m.get("role", "")), "name": _text(m.get("name", "") or ""), "content": _text(m.get("content", ""))}
                 for m in answered
             ],
             "advantage": _float(advantage),
@@ -155,14 +152,14 @@ def episode_record(
     return {
         "schema": SCHEMA,
         "step": int(step),
-        "rollout_id": trajectory.rollout_id,
-        "group_id": trajectory.group_id,
-        "task_id": trajectory.task_id,
+        "rollout_id": _text(trajectory.rollout_id),
+        "group_id": _text(trajectory.group_id),
+        "task_id": _text(trajectory.task_id),
         "reward": _float(trajectory.reward),
         "success": bool(trajectory.success),
         "truncated": bool(trajectory.truncated),
-        "end": str(info.get("end", "")),
-        "error": str(info.get("error", "")),
+        "end": _text(info.get("end", "")),
+        "error": _text(info.get("error", "")),
         "advantage": _float(advantage),
         "num_turns": len(turns),
         "turns": turns,
@@ -194,8 +191,8 @@ class RolloutLog:
     def write(self, batch: RolloutBatch, *, step: int, schedule: Sequence[UpdatePhase] = ()) -> None:
         records = batch_records(batch, self.tokenizer, step=step, schedule=schedule)
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        with open(self.path, "ab") as f:  # a lone surrogate in model text must not cost the step
-            f.write(gzip.compress(valid_unicode(text).encode("utf-8")))
+        with open(self.path, "ab") as f:
+            f.write(gzip.compress(text.encode("utf-8")))
 
     def truncate(self, last_step: int) -> None:
         """Keep the steps up to `last_step` (a resumed run goes on from its checkpoint)."""
@@ -204,7 +201,7 @@ class RolloutLog:
         kept = [r for r in read_rollouts(self.path) if r.get("step", 0) <= last_step]
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(gzip.compress(valid_unicode(text).encode("utf-8")))
+        tmp.write_bytes(gzip.compress(text.encode("utf-8")))
         tmp.replace(self.path)
 
 

@@ -29,7 +29,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from seeupo_gym.training.rollouts import read_rollouts, valid_unicode
+from seeupo_gym.text import valid_unicode
+from seeupo_gym.training.rollouts import read_rollouts
 
 PAGE_FILE = "rollouts.html"
 DEFAULT_PORT = 8765
