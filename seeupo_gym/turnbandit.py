@@ -29,12 +29,20 @@ text) never raise: the observation says what was wrong and lists the options aga
 decision is asked again, and each invalid turn costs `invalid_penalty` off the final reward
 (floored at 0). An episode that reaches `max_turns` before the last decision is truncated with
 reward 0.
+
+With `action_format="tools"` (native tool calling) the env publishes one tool, `answer(label)`
+(`TOOLS`, in `info["tools"]` for the chat template's `tools=`), and a response chooses by calling it
+exactly once (`<tool_call>{"name": "answer", "arguments": {"label": "B"}}</tool_call>` with the default
+"hermes" parser of `seeupo_gym.tools`); the env's reply comes back as a `tool` message. A response
+without that one call (no call, bad JSON, an unknown tool, several calls, a label that names no
+option) is an invalid action as above.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -45,11 +53,25 @@ import gymnasium as gym
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.text import valid_unicode
+from seeupo_gym.tools import assistant_message, function_schema, parse_tool_response, tool_message
+from seeupo_gym.tools import tool_parser as find_tool_parser
 
 LABELS = "ABCDEFGH"
 VARIANTS = ("mixed", "climbing", "random", "easy", "follow")
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
+ACTION_FORMATS = ("react", "tools")
+TOOL_NAME = "answer"
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+TOOLS = [
+    function_schema(
+        TOOL_NAME,
+        "Choose one option of the current step.",
+        {"type": "object", "properties": {"label": {"type": "string", "description": "The letter of the option, for example B."}},
+         "required": ["label"]},
+    )
+]
 
 _SCENES = [
     ("door", ["red", "blue", "green", "gold", "iron", "oak", "glass", "stone"]),
@@ -264,7 +286,9 @@ class TurnBanditEnv(gym.Env[str, str]):
     kwargs: variant, num_tasks, seed (of the task list, not of the episode draw), turns=(low, high),
     options (K), hint (easy variant), optimum (J*, or the range J* is drawn from per task),
     invalid_penalty, max_turns, template, brief (a one-sentence system prompt without the
-    reasoning instructions, for small models answering in a few tokens; a `<think>` block is still parsed).
+    reasoning instructions, for small models answering in a few tokens; a `<think>` block is still parsed),
+    action_format ("react": the letter after `<think>`, the default; "tools": a call of the `answer` tool),
+    tool_parser (with "tools", the registered parser that reads the call; see `seeupo_gym.tools`).
     `gym.make("seeupo/TurnBandit-v0", variant="easy", options=2)` is the small-LLM preset.
     """
 
@@ -283,7 +307,14 @@ class TurnBanditEnv(gym.Env[str, str]):
         max_turns: int = 10,
         template: ReActTemplate | None = None,
         brief: bool = False,
+        action_format: str = "react",
+        tool_parser: str = "hermes",
     ) -> None:
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
+        find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
+        self.action_format = action_format
+        self.tool_parser = tool_parser
         if variant in ("easy", "follow"):
             turns = turns or (2, 2)
             options = options or (2 if variant == "easy" else 3)
@@ -305,22 +336,37 @@ class TurnBanditEnv(gym.Env[str, str]):
         self._turns_taken = 0
         self._invalid = 0
         self._done = False
-        self._messages: list[dict[str, str]] = []
+        self._messages: list[dict[str, Any]] = []
+
+    @property
+    def tools(self) -> bool:
+        return self.action_format == "tools"
 
     # -- text ---------------------------------------------------------------------------
     def system_prompt(self) -> str:
         if self.brief:
             # Half the context of the full prompt (107 vs 215 tokens at step 2 of an easy task):
             # CPU training cost grows with it.
+            if self.tools:
+                return f"You are playing TurnBandit. At each step, call the `{TOOL_NAME}` tool with the letter of one option."
             return "You are playing TurnBandit. At each step, answer with only the letter of one option."
+        if self.tools:
+            action_format = (f"After your reasoning, call the `{TOOL_NAME}` tool exactly once with the letter of your "
+                             f"option, for example:\n<think>B looks promising.</think>\n"
+                             f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {{"label": "B"}}}}\n</tool_call>')
+        else:
+            action_format = ("After your reasoning, write only the letter of your option, for example:\n"
+                             "<think>B looks promising.</think>\nB")
         return self.template.system_prompt(
             role="You are playing TurnBandit, a game of a few steps. At each step you choose one option. "
             "A single team reward between 0 and 1 is revealed only after the last step.",
             protocol="Each step lists options labelled A, B, ... Choose exactly one per step. "
             "An answer that names no listed option wastes the step and lowers the reward.",
-            action_format="After your reasoning, write only the letter of your option, for example:\n"
-            "<think>B looks promising.</think>\nB",
+            action_format=action_format,
         )
+
+    def _answer_hint(self) -> str:
+        return f"Call `{TOOL_NAME}` with one letter" if self.tools else "Answer with one letter"
 
     def _step_text(self) -> str:
         assert self.task is not None
@@ -328,7 +374,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         instruction = f" {self.task.instructions[t]}" if self.task.instructions else ""
         lines = [f"Step {t + 1} of {self.task.num_turns}.{instruction} Options:"]
         lines += [f"{LABELS[k]}) {text}" for k, text in enumerate(self.task.options[t])]
-        lines.append("Answer with one letter.")
+        lines.append(f"{self._answer_hint()}.")
         return "\n".join(lines)
 
     # -- gym API ------------------------------------------------------------------------
@@ -345,35 +391,42 @@ class TurnBanditEnv(gym.Env[str, str]):
         system = self.system_prompt()
         first = f"Task {self.task.task_id}. {self.task.goal}\n{self._step_text()}"
         self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
-        return f"{system}\n\n{first}", self._info(turn=0, action_error="")
+        # Text-only agents see the tool in the observation; chat agents get it from info["tools"].
+        shown = f"{system}\n\n# Tools\n{json.dumps(TOOLS[0])}" if self.tools else system
+        return f"{shown}\n\n{first}", self._info(turn=0, action_error="")
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.task is None or self._done:
             raise RuntimeError("call reset() before step(), and again after the episode ends")
         self._turns_taken += 1
         text = action if isinstance(action, str) else ""
-        choice, problem = None, ""
+        choice, problem, call = None, "", None
+        options = self.task.options[len(self._choices)]
         if not isinstance(action, str):
             problem = f"the action must be a string, got {type(action).__name__}"
         elif len(action) > MAX_ACTION_CHARS:
             problem = f"the response is {len(action)} characters long (limit {MAX_ACTION_CHARS})"
+        elif self.tools:
+            choice, problem, call = self._tool_choice(action, options)
         else:
             parsed = self.template.parse(action)
-            options = self.task.options[len(self._choices)]
             if not parsed.think_closed:
                 problem = "the <think> block was never closed"
             else:
                 choice = parse_choice(parsed.action, options)
                 if choice is None:
-                    shown = parsed.action if len(parsed.action) <= 40 else parsed.action[:40] + "..."
-                    problem = f"{shown!r} names none of the options"
-        self._messages.append({"role": "assistant", "content": self.template.history_content(text[:MAX_ACTION_CHARS])})
+                    problem = f"{_shown(parsed.action)} names none of the options"
+        if call is not None:
+            self._messages.append(call)
+        else:
+            # valid_unicode: the history leaves the env (and reaches a tokenizer) as valid Unicode.
+            self._messages.append({"role": "assistant", "content": valid_unicode(self.template.history_content(text[:MAX_ACTION_CHARS]))})
 
         reward, terminated, truncated = 0.0, False, False
         if choice is None:
             self._invalid += 1
             labels = ", ".join(LABELS[: self.task.num_options])
-            observation = f"Invalid action: {problem}. Answer with one letter among {labels}.\n{self._step_text()}"
+            observation = f"Invalid action: {problem}. {self._answer_hint()} among {labels}.\n{self._step_text()}"
         else:
             self._choices.append(choice)
             if len(self._choices) == self.task.num_turns:
@@ -386,8 +439,27 @@ class TurnBanditEnv(gym.Env[str, str]):
             truncated = True
             observation += f"\nTurn limit ({self.max_turns}) reached before the last step. Team reward: 0.000."
         self._done = terminated or truncated
-        self._messages.append({"role": "user", "content": observation})
+        # A call of the tool gets the tool's result; anything else a user message.
+        self._messages.append(tool_message(TOOL_NAME, observation) if call is not None else {"role": "user", "content": observation})
         return observation, reward, terminated, truncated, self._info(turn=self._turns_taken, action_error=problem)
+
+    def _tool_choice(self, action: str, options: Sequence[str]) -> tuple[int | None, str, dict[str, Any] | None]:
+        """(choice, problem, assistant message with the call) of a tools-format response; the message
+        is None when the response holds no single valid call of the tool."""
+        parsed = parse_tool_response(action, TOOLS, parser=self.tool_parser, template=self.template,
+                                     max_chars=MAX_ACTION_CHARS)
+        if parsed.error:
+            return None, parsed.error, None
+        if not parsed.calls:
+            return None, f"the response calls no tool; call `{TOOL_NAME}` with the letter of one option", None
+        if len(parsed.calls) > 1:
+            return None, f"the response makes {len(parsed.calls)} tool calls; call `{TOOL_NAME}` exactly once", None
+        message = assistant_message(valid_unicode(self.template.history_content(parsed.content)), parsed.calls)
+        label = parsed.calls[0].arguments["label"]
+        if _UNPRINTABLE.search(label):  # JSON escapes can smuggle in what the text checks refuse
+            return None, "the label contains binary data (control characters or lone surrogates)", None
+        choice = parse_choice(label, options)
+        return choice, "" if choice is not None else f"{TOOL_NAME}(label={_shown(label)}) names none of the options", message
 
     def _info(self, turn: int, action_error: str) -> dict[str, Any]:
         # One type per key in every step (vector envs batch info per key): "" means no error.
@@ -406,4 +478,10 @@ class TurnBanditEnv(gym.Env[str, str]):
             "invalid_action": bool(action_error),
             "action_error": action_error,
             "optimal_value": optimal,
+            "tools": list(TOOLS) if self.tools else [],
+            "tool_parser": self.tool_parser if self.tools else "",
         }
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:40] + "...")

@@ -15,9 +15,20 @@ from transformers.utils import get_json_schema  # noqa: E402
 from seeupo_gym.bfcl import get_entry, load_category  # noqa: E402
 from seeupo_gym.bfcl.calls import parse_call_list  # noqa: E402
 from seeupo_gym.bfcl.data import function_docs  # noqa: E402
-from seeupo_gym.integrations.trl import make  # noqa: E402
+from seeupo_gym.integrations.trl import EnvReward, environment_reward  # noqa: E402
+from seeupo_gym.integrations.trl import make as make_setup  # noqa: E402
 
 BANDIT = {"variant": "follow", "num_tasks": 4}
+BANDIT_ENV = {**BANDIT, "action_format": "tools"}  # what the adapter's env runs with
+
+
+def make(env_id, **kwargs):
+    """(environment_factory, train_dataset) of make(); its reward_funcs is one EnvReward."""
+    setup = make_setup(env_id, **kwargs)
+    assert set(setup) == {"environment_factory", "train_dataset", "reward_funcs"}
+    (reward,) = setup["reward_funcs"]
+    assert isinstance(reward, EnvReward) and reward.__name__ == env_id.split("/")[-1]
+    return setup["environment_factory"], setup["train_dataset"]
 
 
 def tools_of(instance) -> dict:
@@ -65,14 +76,15 @@ def test_turnbandit_has_one_answer_tool_and_scores_like_the_env():
     row = dataset[0]
     first = reset_row(instance, row)
     assert first.startswith(f"Task {row['task_id']}") and "Options:" in first
+    assert "`answer` tool" in row["prompt"][0]["content"]  # the env's own system prompt, tools format
     task = gym.make("seeupo/TurnBandit-v0", **BANDIT).unwrapped.tasks[0]
     for label in task.optimal_answers():
         instance.answer(label)
-    assert instance.get_reward() == pytest.approx(task.optimal_value)
+    assert environment_reward(instance) == pytest.approx(task.optimal_value)
     # A rollout that stops early scores what the env scores when it is run out: 0 (truncated).
     reset_row(instance, row)
     instance.answer("Z")
-    assert instance.get_reward() == 0.0 == replayed_score("seeupo/TurnBandit-v0", BANDIT, row["task_id"], instance.steps)
+    assert environment_reward(instance) == 0.0 == replayed_score("seeupo/TurnBandit-v0", BANDIT_ENV, row["task_id"], instance.steps)
 
 
 def test_bfcl_tools_are_the_entrys_functions_as_typed_documented_methods():
@@ -97,7 +109,7 @@ def test_bfcl_ground_truth_through_the_tools_scores_one_as_the_env_does(task_id)
     instance = factories[row["environment"]]()
     assert reset_row(instance, row) == get_entry(task_id).user_messages[0]
     bfcl_ground_truth(instance, get_entry(task_id))
-    assert instance.get_reward() == 1.0
+    assert environment_reward(instance) == 1.0
     kwargs = {"categories": ["base", "miss_func"], "split": "all", "action_format": "tools", "max_turns": 50}
     assert replayed_score("seeupo/BFCL-v4-v0", kwargs, task_id, instance.steps) == 1.0
 
@@ -108,13 +120,44 @@ def test_bfcl_rollout_that_stops_early_ends_its_turns_and_scores_zero():
     instance = factories[row["environment"]]()
     reset_row(instance, row)
     assert "No such file or directory" in instance.cd(folder="nowhere")
-    assert instance.get_reward() == 0.0
+    assert environment_reward(instance) == 0.0
     assert instance.steps[1:] == ["Done."] * get_entry("multi_turn_base_0").num_user_turns
+
+
+def test_one_reward_column_per_env_not_per_generated_class(tmp_path, tiny):
+    """TRL logs a column per reward function and per env class with a `get_reward`: BFCL's base train split
+    made 20 classes (one per combination of backends), so 20 `rewards/<class>` columns, all but one empty
+    per rollout. Now one column per env, whichever class a row uses."""
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import add_response_schema
+
+    model, tokenizer = tiny
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], max_steps=1,
+                      per_device_train_batch_size=2, num_generations=2)
+    bfcl = make_setup("seeupo/BFCL-v4-v0", categories=["base"], split="train")
+    assert len(bfcl["environment_factory"]) == 20
+    for setup, name in [(bfcl, "BFCL-v4-v0"), (make_setup("seeupo/TurnBandit-v0", **BANDIT), "TurnBandit-v0")]:
+        trainer = GRPOTrainer(model=model, args=args, processing_class=add_response_schema(tokenizer), **setup)
+        assert trainer.reward_func_names == [name]
+
+
+def test_env_reward_scores_each_rollouts_environment():
+    factory, dataset = make("seeupo/TurnBandit-v0", **BANDIT)
+    instances = [factory(), factory()]
+    task = gym.make("seeupo/TurnBandit-v0", **BANDIT).unwrapped.tasks[0]
+    for instance in instances:
+        reset_row(instance, dataset[0])
+    for label in task.optimal_answers():
+        instances[0].answer(label)
+    instances[1].answer("Z")
+    assert EnvReward("seeupo/TurnBandit-v0")(prompts=[], completions=[], environments=instances) == [task.optimal_value, 0.0]
+    with pytest.raises(ValueError, match="no environments"):
+        EnvReward("seeupo/TurnBandit-v0")(prompts=[], completions=[])
 
 
 def test_unknown_env_id_is_a_clear_error():
     with pytest.raises(ValueError, match="no TRL adapter"):
-        make("CartPole-v1")
+        make_setup("CartPole-v1")
 
 
 @pytest.mark.appworld
@@ -132,7 +175,7 @@ def test_appworld_ground_truth_through_execute_python_scores_one():
         assert "Task:" in reset_row(instance, row)
         solution = (folder / "tasks" / row["task_id"] / "ground_truth" / "solution.py").read_text()
         instance.execute_python(solution)
-        assert instance.get_reward() == 1.0
+        assert environment_reward(instance) == 1.0
     finally:
         instance._close()
 
@@ -140,7 +183,8 @@ def test_appworld_ground_truth_through_execute_python_scores_one():
 # ------------------------------------------------------------------------------ GRPOTrainer, real
 
 
-def train_one_step(tmp_path, factory, dataset, tiny, max_completion_length=24):
+def train_one_step(tmp_path, setup, tiny, max_completion_length=24):
+    """One GRPOTrainer step on CPU with what make() returned (factory, dataset, the env's reward)."""
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import add_response_schema
 
@@ -150,38 +194,36 @@ def train_one_step(tmp_path, factory, dataset, tiny, max_completion_length=24):
         gradient_accumulation_steps=1, max_completion_length=max_completion_length, learning_rate=1e-4, logging_steps=1,
         report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0, dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=dataset, environment_factory=factory,
-                          processing_class=add_response_schema(tokenizer))
+    trainer = GRPOTrainer(model=model, args=args, processing_class=add_response_schema(tokenizer), **setup)
     trainer.train()
     return trainer
 
 
 def logged_rewards(trainer) -> list[float]:
-    """Per rollout, the reward TRL logged (one column per env class; NaN for the other classes)."""
-    columns = list(trainer._logs["rewards"].values())
-    return [next(v for v in values if not math.isnan(v)) for values in zip(*columns)]
+    """Per rollout, the reward TRL logged: one column, the env's."""
+    (column,) = trainer._logs["rewards"].values()
+    assert not any(math.isnan(v) for v in column)
+    return list(column)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_grpo_trainer_trains_a_step_on_turnbandit_and_logs_the_envs_scores(tmp_path, tiny, one_torch_thread):
-    factory, dataset = make("seeupo/TurnBandit-v0", **BANDIT)
-    trainer = train_one_step(tmp_path, factory, dataset, tiny)
+    trainer = train_one_step(tmp_path, make_setup("seeupo/TurnBandit-v0", **BANDIT), tiny)
     assert trainer.state.global_step == 1
     rewards = logged_rewards(trainer)
     environments = trainer.environments
     assert len(rewards) == len(environments) == 4
     print("\nTRL logged rewards:", rewards, "\nactions:", [environment.steps for environment in environments])
     for reward, environment in zip(rewards, environments):
-        assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT, environment.task_id, environment.steps)
+        assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT_ENV, environment.task_id, environment.steps)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_grpo_trainer_trains_a_step_on_bfcl_and_logs_the_envs_scores(tmp_path, tiny, one_torch_thread):
     ids = ["multi_turn_miss_func_146", "multi_turn_miss_func_121"]
-    factories, dataset = make("seeupo/BFCL-v4-v0", task_ids=ids, categories=["miss_func"])
-    trainer = train_one_step(tmp_path, factories, dataset, tiny)
+    trainer = train_one_step(tmp_path, make_setup("seeupo/BFCL-v4-v0", task_ids=ids, categories=["miss_func"]), tiny)
     assert trainer.state.global_step == 1
     rewards = logged_rewards(trainer)
     environments = trainer.environments
@@ -209,9 +251,9 @@ def test_trl_tool_loop_drives_turnbandit_with_scripted_sampling_instead_of_the_m
 
     model.generate = scripted(tokenizer, plan)
     try:
-        factory, dataset = make("seeupo/TurnBandit-v0", **BANDIT)
         # Room for two calls, their results and the closing text (TRL drops tool results past it).
-        trainer = train_one_step(tmp_path, factory, dataset, (model, tokenizer), max_completion_length=256)
+        trainer = train_one_step(tmp_path, make_setup("seeupo/TurnBandit-v0", **BANDIT), (model, tokenizer),
+                                 max_completion_length=256)
     finally:
         model.generate = real_generate
     rewards = logged_rewards(trainer)
@@ -220,7 +262,7 @@ def test_trl_tool_loop_drives_turnbandit_with_scripted_sampling_instead_of_the_m
     assert all(len(environment.steps) == 2 for environment in environments)  # both steps came as tool calls
     assert len(set(rewards)) > 1
     for reward, environment in zip(rewards, environments):
-        assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT, environment.task_id, environment.steps)
+        assert reward == replayed_score("seeupo/TurnBandit-v0", BANDIT_ENV, environment.task_id, environment.steps)
 
 
 def scripted(tokenizer, plan):
@@ -277,8 +319,8 @@ def test_trl_tool_loop_drives_bfcl_with_scripted_sampling_instead_of_the_model(t
 
     model.generate = scripted(tokenizer, plan)
     try:
-        factories, dataset = make("seeupo/BFCL-v4-v0", task_ids=[task_id, task_id], categories=["miss_func"])
-        trainer = train_one_step(tmp_path, factories, dataset, (model, tokenizer), max_completion_length=2048)
+        setup = make_setup("seeupo/BFCL-v4-v0", task_ids=[task_id, task_id], categories=["miss_func"])
+        trainer = train_one_step(tmp_path, setup, (model, tokenizer), max_completion_length=2048)
     finally:
         model.generate = real_generate
     rewards = logged_rewards(trainer)

@@ -3,25 +3,28 @@
     from trl import GRPOConfig, GRPOTrainer
     from seeupo_gym.integrations.trl import make
 
-    environment_factory, train_dataset = make("seeupo/TurnBandit-v0", variant="follow")
-    trainer = GRPOTrainer(model=..., args=GRPOConfig(...), train_dataset=train_dataset,
-                          environment_factory=environment_factory)
+    trainer = GRPOTrainer(model=..., args=GRPOConfig(...), **make("seeupo/TurnBandit-v0", variant="follow"))
+
+`make` returns GRPOTrainer's `environment_factory`, `train_dataset` and `reward_funcs`.
 
 TRL's contract (trl 1.16): an environment is an object with `reset(**row)` (its returned text is
-appended to the row's last prompt message), public methods with type hints and a Google-style
+appended to the row's last prompt message) and public methods with type hints and a Google-style
 docstring (the tools, rendered by `transformers.utils.get_json_schema` and called with the
-model's arguments) and `get_reward()`, called once when the rollout ends. TRL lists the tools on
-the *class*, so tools are fixed per class: BFCL gets one class per combination of BFCL backends
-(the factory is then a dict, and each dataset row names its `environment`).
+model's arguments). TRL lists the tools on the *class*, so tools are fixed per class: BFCL gets one
+class per combination of BFCL backends (the factory is then a dict, and each dataset row names its
+`environment`). TRL would also log one reward column per class that defines `get_reward` (20 for
+BFCL's base split, all but one empty per rollout), so our classes define none: the reward is one
+function per env (`EnvReward`, logged as `rewards/<env name>`, e.g. `rewards/BFCL-v4-v0/mean`),
+which asks each rollout's environment for its final score.
 
 Each tool call is one step of the wrapped Gymnasium env (and counts toward its `max_turns`; BFCL's
 defaults to 50 here):
-- TurnBandit: `answer(label)` chooses the option of the current step.
+- TurnBandit (`action_format="tools"`): `answer(label)` chooses the option of the current step.
 - BFCL (`action_format="tools"`): one method per function of the entry's backends, plus
   `end_turn(reply)`, which ends the current user turn with a plain-text reply and returns the
   user's next message (BFCL's later user turns arrive as that tool's result, not as user messages).
 - AppWorld (`action_format="tools"`): `execute_python(code)`.
-`get_reward()` returns the env's final score: when the rollout stops before the episode ends,
+The reward is the env's final score: when the rollout stops before the episode ends,
 the remaining user turns are ended with an empty reply (BFCL) or the episode is run out to
 `max_turns` with no action (AppWorld, TurnBandit), and the env scores what was done.
 """
@@ -57,7 +60,9 @@ class _SeeupoEnvironment:
         self._reward, self._done, self.steps, self.task_id = 0.0, False, [], task_id
         return _first_user_message(info)
 
-    def get_reward(self) -> float:
+    def _final_reward(self) -> float:
+        """The env's final score (see the module docstring); private, so TRL makes it neither a tool
+        nor a reward column of its own."""
         while not self._done:
             self._step(self._closing_action())
         return self._reward
@@ -105,14 +110,9 @@ class TurnBanditEnvironment(_SeeupoEnvironment):
         Args:
             label: The letter of the option, for example B.
         """
-        return self._step(label if isinstance(label, str) else str(label))[0]
+        from seeupo_gym.tools import render_tool_calls
 
-
-TURNBANDIT_SYSTEM = (
-    "You are playing TurnBandit, a game of a few steps. Each step lists options labelled A, B, ...; choose one "
-    "per step by calling the `answer` tool with its letter. A single team reward between 0 and 1 is revealed "
-    "after the last step."
-)
+        return self._tool_result(render_tool_calls([("answer", {"label": label if isinstance(label, str) else str(label)})]))
 
 
 # ------------------------------------------------------------------------------------------ BFCL
@@ -228,18 +228,46 @@ class AppWorldEnvironment(_SeeupoEnvironment):
         return self._tool_result(render_tool_action(code) if isinstance(code, str) else str(code))
 
 
+# ------------------------------------------------------------------------------------------ reward
+
+
+def environment_reward(environment: Any) -> float:
+    """A rollout's reward: its environment's final score (the episode run out if it stopped early)."""
+    return environment._final_reward()
+
+
+class EnvReward:
+    """GRPOTrainer's reward function for an env: each rollout's final score, in one column named
+    after the env (TRL names a reward function by its `__name__`). A class, so TRL can pickle it."""
+
+    def __init__(self, env_id: str) -> None:
+        self.__name__ = env_id.rsplit("/", 1)[-1]
+
+    def __call__(self, prompts: Any = None, completions: Any = None, environments: Any = None, **kwargs: Any) -> list[float]:
+        if environments is None:
+            raise ValueError(f"{self.__name__}: TRL passed no environments; use it with make()'s environment_factory")
+        return [environment_reward(environment) for environment in environments]
+
+
 # -------------------------------------------------------------------------------------------- make
 
 
-def make(env_id: str, task_ids: list[str] | None = None, **env_kwargs: Any) -> tuple[Any, Any]:
-    """`(environment_factory, train_dataset)` for `GRPOTrainer`.
+def make(env_id: str, task_ids: list[str] | None = None, **env_kwargs: Any) -> dict[str, Any]:
+    """GRPOTrainer's `environment_factory`, `train_dataset` and `reward_funcs`, as keyword arguments:
+    `GRPOTrainer(model=..., args=..., **make(env_id, ...))`.
 
     env_id: "seeupo/TurnBandit-v0", "seeupo/BFCL-v4-v0" (or a category id) or "seeupo/AppWorld-v0".
     task_ids: the tasks of the dataset (default: the env's own task list / split).
-    env_kwargs: passed to `gym.make` (BFCL and AppWorld always run in the tools format).
+    env_kwargs: passed to `gym.make` (every env runs in the tools format).
     Each dataset row holds `prompt` (the system message and an empty user message, which `reset`
     fills with the task's first message) and `task_id`; BFCL rows also hold `environment`.
+    `reward_funcs` is one `EnvReward`: one reward column per env.
     """
+    factory, dataset = _factory_and_dataset(env_id, task_ids, env_kwargs)
+    return {"environment_factory": factory, "train_dataset": dataset, "reward_funcs": [EnvReward(env_id)]}
+
+
+def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     from datasets import Dataset
 
     def rows(ids: list[str], system: str, **extra: Any) -> list[dict[str, Any]]:
@@ -247,10 +275,11 @@ def make(env_id: str, task_ids: list[str] | None = None, **env_kwargs: Any) -> t
         return [{"prompt": prompt, "task_id": task_id, **extra} for task_id in ids]
 
     if env_id == "seeupo/TurnBandit-v0":
-        cls = type("TurnBanditEnvironment", (TurnBanditEnvironment,), {"env_kwargs": dict(env_kwargs)})
-        probe = gym.make(env_id, **env_kwargs).unwrapped
+        kwargs = {**env_kwargs, "action_format": "tools"}
+        cls = type("TurnBanditEnvironment", (TurnBanditEnvironment,), {"env_kwargs": kwargs})
+        probe = gym.make(env_id, **kwargs).unwrapped
         ids = list(task_ids) if task_ids is not None else list(probe.task_ids)
-        return cls, Dataset.from_list(rows(ids, TURNBANDIT_SYSTEM))
+        return cls, Dataset.from_list(rows(ids, probe.system_prompt()))
 
     if env_id.startswith("seeupo/BFCL-v4"):
         from seeupo_gym.bfcl.data import get_entry

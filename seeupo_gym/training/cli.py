@@ -10,6 +10,7 @@
     seeupo-eval --config bfcl-seeupo --split test --max-tasks 50 -k 1
 
     seeupo-export runs/x/checkpoints/step-10 out/merged             # a standalone HF folder
+    seeupo-export runs/x --format jsonl|hf [OUT]                    # the run's rollouts as a dataset
 
 Distribution (DDP, FSDP, DeepSpeed, mixed precision) comes from `accelerate config` /
 `accelerate launch` flags. seeupo-eval reports avg@k and the unbiased pass@k per category; its
@@ -357,11 +358,29 @@ def _settings_given(args: argparse.Namespace) -> bool:
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="seeupo-export",
-        description="Write a checkpoint's policy as a standalone Hugging Face folder (LoRA merged into its base).",
+        description="Write a checkpoint's policy as a standalone Hugging Face folder (LoRA merged into its base); "
+        "with --format, a run's recorded rollouts as a dataset (docs/rollouts.md).",
     )
-    parser.add_argument("checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
-    parser.add_argument("out", help="the folder to write (config.json, safetensors, tokenizer)")
-    args = parser.parse_args(argv)
+    parser.add_argument("checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N); "
+                        "with --format, a run folder")
+    parser.add_argument("out", nargs="?", help="the folder to write (config.json, safetensors, tokenizer); with --format, "
+                        "the file (jsonl) or folder (hf) to write (default: in the run folder)")
+    parser.add_argument("--format", choices=("jsonl", "hf"), help="export the run's rollouts: one JSON line per episode, "
+                        "or a Hugging Face `datasets` folder (load_from_disk)")
+    args = parser.parse_intermixed_args(argv)  # RUN_DIR --format jsonl OUT
+    if args.format is not None:
+        from seeupo_gym.training.rollouts import export_rollouts
+
+        default = "rollouts.jsonl" if args.format == "jsonl" else "rollouts-hf"
+        try:
+            out = export_rollouts(args.checkpoint, args.out or Path(args.checkpoint) / default, args.format)
+        except (FileNotFoundError, ImportError, ValueError) as error:
+            print(f"seeupo-export: {_one_line(error)}", file=sys.stderr)
+            return 2
+        print(f"wrote {out}")
+        return 0
+    if args.out is None:
+        parser.error("the folder to write is required when exporting a checkpoint")
     from seeupo_gym.training.checkpoint import export_merged
 
     try:

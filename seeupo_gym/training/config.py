@@ -202,6 +202,8 @@ class LogConfig:
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
     project_name: str = "seeupo-gym"
     progress_bars: bool = True
+    # Record every training episode in rollouts.jsonl.gz (seeupo-view, seeupo-export; docs/rollouts.md).
+    rollouts: bool = True
 
 
 @dataclass

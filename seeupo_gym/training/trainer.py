@@ -32,6 +32,7 @@ from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
+from seeupo_gym.training.rollouts import RolloutLog
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class Trainer:
         self.last_env_errors = 0
         self._overlap: OverlappedCollection | None = None  # train.max_staleness > 0: started at the first step
         self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.rollout_log = RolloutLog(self.output_dir, self.tokenizer) if self.is_main and config.log.rollouts else None
         if config.resume_from is not None:
             self.resume(config.resume_from)
 
@@ -272,6 +274,7 @@ class Trainer:
                 f"fix the env and resume with resume_from=latest."
             ) from error
         batch, self.last_env_errors = collected.batch, collected.env_errors
+        self.algorithm.schedule = []  # what this step's update does with each episode, for the rollout log
         collected_at = time.perf_counter()
 
         record: dict[str, float] = {"step": float(step), **rollout_metrics(batch, prefix="rollout")}
@@ -296,6 +299,8 @@ class Trainer:
             self._overlap.publish(step, self._weights_snapshot())
         record["time/rollout_s"] = collected_at - started
         record["time/update_s"] = time.perf_counter() - collected_at
+        if self.rollout_log is not None:
+            self.rollout_log.write(collected.batch, step=step, schedule=self.algorithm.schedule)
         self.state.step = step
         self.log(record)
         return record
@@ -444,6 +449,8 @@ class Trainer:
             kept = [line for line in self.metrics_path.read_text().splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= self.state.step]
             self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        if self.rollout_log is not None:
+            self.rollout_log.truncate(self.state.step)
         logger.info("resumed from %s at step %d", path, self.state.step)
 
     def close(self) -> None:

@@ -1,0 +1,296 @@
+"""Rollouts you can look at: the run's episode log (training/rollouts.py), `seeupo-view` (training/view.py)
+and `seeupo-export --format jsonl|hf`.
+
+The page tests run in Debian's headless Chromium (`make test` installs it; skipped without it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from seeupo_gym.algorithms.base import UpdatePhase
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.training.rollouts import (
+    ROLLOUTS_FILE, RolloutLog, batch_records, dataset_features, episode_record, export_rollouts, read_rollouts,
+)
+from seeupo_gym.training.view import main as view_main
+from seeupo_gym.training.view import parse_steps, render_page, serve, write_page
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it)")
+
+HOSTILE = ("<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
+           "</pre></details><b>bold</b> \x00\x1b[31m \ud800 end")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from seeupo_gym.agents import load_model
+
+    return load_model("tiny")[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, one_torch_thread):
+    """A real run: the tiny-turnbandit preset (TurnBandit easy, tiny model, SeeUPO), 2 steps of 2 tasks x 2 rollouts."""
+    from seeupo_gym.training.config import load_config
+    from seeupo_gym.training.trainer import Trainer
+
+    run = tmp_path_factory.mktemp("run") / "tiny-turnbandit"
+    config = load_config("tiny-turnbandit", [f"log.output_dir={run}", "train.steps=2", "train.save_every=0",
+                                             "log.progress_bars=false"])
+    with Trainer(config) as trainer:
+        trainer.train(save_at_end=False)
+    return run
+
+
+def encode(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def two_turn_episode(tokenizer, rollout_id="0:t:0", reward=0.5, response=" B", rebuilt=False):
+    """Turn 2's context is turn 1's context + response + an observation (or, rebuilt, a new text)."""
+    first = encode(tokenizer, "<|im_start|>user\nPick one.<|im_end|>\n<|im_start|>assistant\n")
+    answer = encode(tokenizer, " B")  # the text the env got is `response` (actions); ids need not match it
+    observation = encode(tokenizer, "<|im_end|>\n<|im_start|>user\nNext step.<|im_end|>\n<|im_start|>assistant\n")
+    second = (first[:3] + encode(tokenizer, " rebuilt")) if rebuilt else first + answer + observation
+    turns = [Turn(first, answer, [0.0] * len(answer)), Turn(second, answer, [0.0] * len(answer))]
+    messages = [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Pick one."},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "answer", "arguments": {"label": "B"}}}]},
+        {"role": "tool", "name": "answer", "content": "You chose B.\nNext step."},
+        {"role": "assistant", "content": response},
+        {"role": "user", "content": "Over."},
+    ]
+    info = {"end": "terminated", "messages": messages, "actions": [response, response]}
+    return Trajectory("t", "0:t", rollout_id, turns, reward, success=False, info=info)
+
+
+# --------------------------------------------------------------------------------- the record
+
+
+def test_record_stores_each_context_as_the_delta_after_the_previous_turn(tokenizer):
+    trajectory = two_turn_episode(tokenizer)
+    record = episode_record(trajectory, tokenizer, step=3, advantage=0.25)
+    first, second = record["turns"]
+    assert first["context_kept_tokens"] == 0 and first["context_delta"].startswith("<|im_start|>user\nPick one.")
+    assert second["context_kept_tokens"] == len(trajectory.turns[0].context_ids) + len(trajectory.turns[0].response_ids)
+    assert second["context_delta"] == "<|im_end|>\n<|im_start|>user\nNext step.<|im_end|>\n<|im_start|>assistant\n"
+    assert second["context_tokens"] == len(trajectory.turns[1].context_ids)
+    # Tool calls the env accepted, with their arguments as a JSON string; the env's answer per turn.
+    assert first["tool_calls"] == [{"name": "answer", "arguments": '{"label": "B"}'}]
+    assert first["observation"] == [{"role": "tool", "name": "answer", "content": "You chose B.\nNext step."}]
+    assert second["observation"] == [{"role": "user", "name": "", "content": "Over."}]
+    assert (record["step"], record["reward"], record["advantage"], first["advantage"]) == (3, 0.5, 0.25, 0.25)
+
+
+def test_record_of_a_rebuilt_context_keeps_only_the_common_prefix(tokenizer):
+    record = episode_record(two_turn_episode(tokenizer, rebuilt=True), tokenizer, step=1)
+    assert record["turns"][1]["context_kept_tokens"] == 3
+    assert record["turns"][1]["context_delta"] == " rebuilt"
+
+
+def test_records_carry_seeupos_m_and_ratio_per_turn_and_grpos_advantage(tokenizer):
+    batch = RolloutBatch([two_turn_episode(tokenizer, "a"), two_turn_episode(tokenizer, "b", reward=0.0)])
+    # SeeUPO, reverse order: pool 2 with M = A, then pool 1 with M = A * s(y_2).
+    seeupo = [UpdatePhase(2, ("a", "b"), {"a": 1.0, "b": -1.0}, 1, ratios_after={"a": 1.1, "b": 0.9}),
+              UpdatePhase(1, ("a", "b"), {"a": 1.1, "b": -0.9}, 1)]
+    a, b = batch_records(batch, tokenizer, step=1, schedule=seeupo)
+    assert a["advantage"] == 1.0 and b["advantage"] == -1.0
+    assert [(t["m"], t["ratio"], t["update_order"]) for t in a["turns"]] == [(1.1, None, 2), (1.0, 1.1, 1)]
+    assert [(t["m"], t["ratio"], t["update_order"]) for t in b["turns"]] == [(-0.9, None, 2), (-1.0, 0.9, 1)]
+    grpo = [UpdatePhase(None, ("a", "b"), {"a": 0.7, "b": -0.7}, 1)]
+    a, b = batch_records(batch, tokenizer, step=1, schedule=grpo)
+    assert [t["advantage"] for t in a["turns"]] == [0.7, 0.7] and all(t["m"] is None for t in a["turns"])
+    # Left out of the update (no phase holds it): null, not 0.
+    (left_out,) = batch_records(RolloutBatch([two_turn_episode(tokenizer, "c")]), tokenizer, step=1, schedule=grpo)
+    assert left_out["advantage"] is None and left_out["turns"][0]["advantage"] is None
+
+
+def test_log_appends_a_gzip_member_per_step_truncates_on_resume_and_survives_a_damaged_tail(tmp_path, tokenizer):
+    log = RolloutLog(tmp_path, tokenizer)
+    for step in (1, 2, 3):
+        log.write(RolloutBatch([two_turn_episode(tokenizer, f"s{step}", response=HOSTILE)]), step=step)
+    assert [r["step"] for r in read_rollouts(tmp_path)] == [1, 2, 3]
+    assert read_rollouts(tmp_path).__next__()["turns"][0]["response"].endswith("\\ud800 end")  # the lone surrogate, escaped
+    log.truncate(2)
+    assert [r["rollout_id"] for r in read_rollouts(tmp_path)] == ["s1", "s2"]
+    with open(tmp_path / ROLLOUTS_FILE, "ab") as f:  # a run killed mid-write
+        f.write(gzip.compress(b'{"step": 3, "rollout_id": "s3"}\n{"step": 3, "roll')[:-12])
+    assert [r["rollout_id"] for r in read_rollouts(tmp_path)][:2] == ["s1", "s2"]
+
+
+def test_a_real_run_records_every_episode_with_seeupos_values(tiny_run, tokenizer):
+    records = list(read_rollouts(tiny_run))
+    assert [r["step"] for r in records] == [1] * 4 + [2] * 4  # 2 steps x 2 tasks x 2 rollouts
+    assert len({(r["step"], r["rollout_id"]) for r in records}) == 8
+    for record in records:
+        assert record["schema"] == "seeupo-rollout/1" and record["num_turns"] == len(record["turns"]) >= 1
+        turns = record["turns"]
+        assert turns[0]["context_kept_tokens"] == 0 and "TurnBandit" in turns[0]["context_delta"]
+        for before, turn in zip(turns, turns[1:]):  # the agent appends tokens: every context extends the last
+            assert turn["context_kept_tokens"] == before["context_tokens"] + before["response_tokens"]
+        # tiny-turnbandit trains SeeUPO: every turn was updated in a pool, reverse order, with its M.
+        assert [t["update_order"] for t in turns] == list(range(len(turns), 0, -1))
+        assert all(t["m"] is not None for t in turns)
+
+
+def test_log_rollouts_false_records_nothing(tmp_path, one_torch_thread):
+    from seeupo_gym.training.config import load_config
+    from seeupo_gym.training.trainer import Trainer
+
+    config = load_config("tiny-turnbandit", [f"log.output_dir={tmp_path}", "train.steps=1", "train.tasks_per_step=1",
+                                             "log.rollouts=false", "log.progress_bars=false"])
+    with Trainer(config) as trainer:
+        trainer.train(save_at_end=False)
+    assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / ROLLOUTS_FILE).exists()
+
+
+# --------------------------------------------------------------------------------- the page
+
+
+def test_page_holds_every_episode_of_a_real_run(tiny_run, tmp_path):
+    assert view_main([str(tiny_run), "--out", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text()
+    records = list(read_rollouts(tiny_run))
+    assert page.count('<details class="episode"') == len(records) == 8
+    for record in records:
+        assert f'step {record["step"]} · rollout <code>{record["rollout_id"]}</code>' in page
+    assert len(re.findall(r'<section class="task"', page)) == len({r["task_id"] for r in records})
+    # Self-contained: nothing is fetched.
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)
+    # The default page lands in the run folder.
+    assert write_page(tiny_run) == tiny_run / "rollouts.html"
+
+
+def test_page_escapes_hostile_text_everywhere(tokenizer):
+    trajectory = two_turn_episode(tokenizer, rollout_id='"><script>alert(1)</script>', response=HOSTILE)
+    record = episode_record(trajectory, tokenizer, step=1)
+    record["task_id"] = "<img src=x onerror=alert(1)>"
+    page = render_page([record])
+    assert "<script>document.title" not in page and "<img src=x" not in page and "<b>bold" not in page
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
+    assert "\x00" not in page and "\\x00\\x1b[31m" in page  # control characters shown, not sent
+    assert page.count("<script") == 1  # the page's own
+    page.encode("utf-8")  # valid Unicode: the lone surrogate is shown escaped
+
+
+def test_steps_option_keeps_only_those_steps(tiny_run, tmp_path):
+    assert parse_steps("2:") == (2, 2**62) and parse_steps("7") == (7, 7) and parse_steps(":3") == (0, 3)
+    page = write_page(tiny_run, tmp_path / "p.html", steps=(2, 2)).read_text()
+    assert page.count('<details class="episode"') == 4 and "step 1 ·" not in page
+    with pytest.raises(ValueError, match="--steps"):
+        parse_steps("a:b")
+
+
+def test_view_of_a_folder_without_rollouts_is_a_clear_error(tmp_path, capsys):
+    assert view_main([str(tmp_path)]) == 2
+    assert "no recorded rollouts" in capsys.readouterr().err
+
+
+def test_serve_binds_loopback_and_answers_only_the_page(tmp_path):
+    page = tmp_path / "p.html"
+    page.write_text("<!DOCTYPE html><p>hi</p>")
+    server = serve(page, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        assert host == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as reply:
+            assert reply.read() == page.read_bytes() and reply.headers["Content-Type"].startswith("text/html")
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/../../etc/passwd", timeout=10)
+        assert error.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def chromium(profile: Path, *args: str, timeout: float = 120) -> str:
+    """Headless Chromium with its own profile folder; returns what it printed (--dump-dom: the DOM)."""
+    assert CHROMIUM is not None
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@needs_chromium
+def test_chromium_shows_every_episode_of_a_real_run_and_its_screenshot_is_not_blank(tiny_run, tmp_path):
+    from PIL import Image
+
+    page = write_page(tiny_run, tmp_path / "page.html")
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert dom.count('<details class="episode"') == 8
+    assert '<span id="shown">8</span>' in dom  # the page's script ran and counted them
+    shot = tmp_path / "page.png"
+    chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900", page.as_uri())
+    image = Image.open(shot).convert("L")
+    assert image.size == (1200, 900)
+    histogram = image.histogram()
+    assert sum(1 for count in histogram if count) > 20  # text, not one flat colour
+    assert max(histogram) < 0.97 * 1200 * 900
+
+
+@needs_chromium
+def test_chromium_filters_from_the_address_hide_other_tasks(tiny_run, tmp_path):
+    page = write_page(tiny_run, tmp_path / "page.html")
+    task = next(read_rollouts(tiny_run))["task_id"]
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri() + f"#task={task}")
+    assert '<span id="shown">2</span>' in dom  # its two rollouts
+    assert len(re.findall(r'<details class="episode"[^>]*hidden', dom)) == 6
+
+
+@needs_chromium
+def test_chromium_shows_a_hostile_response_as_text_and_runs_none_of_it(tokenizer, tmp_path):
+    record = episode_record(two_turn_episode(tokenizer, response=HOSTILE), tokenizer, step=1)
+    page = tmp_path / "hostile.html"
+    page.write_text(render_page([record], title="viewer test"))
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert "<title>viewer test</title>" in dom and "pwned</title>" not in dom
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
+    assert "<b>bold</b>" not in dom and "<img" not in dom
+
+
+# --------------------------------------------------------------------------------- export
+
+
+def test_export_jsonl_and_hf_hold_every_episode_with_the_documented_schema(tiny_run, tmp_path):
+    from seeupo_gym.training.cli import export_main
+
+    records = list(read_rollouts(tiny_run))
+    assert export_main([str(tiny_run), "--format", "jsonl", str(tmp_path / "r.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rows == records
+    datasets = pytest.importorskip("datasets")
+    assert export_main([str(tiny_run), "--format", "hf", str(tmp_path / "hf")]) == 0
+    dataset = datasets.load_from_disk(str(tmp_path / "hf"))
+    assert len(dataset) == 8 and dataset.features == dataset_features()
+    assert [r["rollout_id"] for r in dataset] == [r["rollout_id"] for r in records]
+    assert dataset[3]["turns"][0]["response"] == records[3]["turns"][0]["response"]
+    # Every field is documented.
+    doc = (ROOT / "docs" / "rollouts.md").read_text()
+    for name in list(dataset_features()) + list(dataset_features()["turns"].feature):
+        assert f"`{name}`" in doc, name
+
+
+def test_export_of_an_unknown_format_or_a_missing_run_is_refused(tmp_path, capsys):
+    from seeupo_gym.training.cli import export_main
+
+    with pytest.raises(ValueError, match="--format"):
+        export_rollouts(tmp_path, tmp_path / "x", "parquet")
+    assert export_main([str(tmp_path), "--format", "jsonl"]) == 2
+    assert "no recorded rollouts" in capsys.readouterr().err
