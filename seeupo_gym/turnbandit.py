@@ -11,6 +11,11 @@ Variants (kwarg `variant`):
 - `mixed` (default): even task indices climbing, odd ones random.
 - `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
+- `capital`: the smoke test of a training loop, learnable by a random-init model; T=2 (the
+  `turns` kwarg), every response is valid and chooses "A) starts with a capital letter"
+  (its first non-space character is A-Z) or "B) anything else"; the reward is the fraction of
+  turns on which A was chosen. About 17% of the Qwen2 vocabulary starts with a capital, so the
+  first token of a random model earns reward often enough for RL to raise it (`--config smoke`).
 - `follow`: instruction following for small LLMs; T=2, K=3; every step names the option to pick
   ("Pick option B."; a task names distinct options while T <= K), the reward is the fraction of
   turns on which it was picked. The untrained 0.5B model follows greedily but samples the named
@@ -47,7 +52,7 @@ from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
 
 LABELS = "ABCDEFGH"
-VARIANTS = ("mixed", "climbing", "random", "easy", "follow")
+VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital")
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
 
@@ -186,6 +191,18 @@ def _follow_task(task_id: str, rng: random.Random, turns: int, options: int) -> 
     return BanditTask(task_id, "follow", goal, options_text, _per_turn_rewards(named, options), instructions)
 
 
+def _capital_task(task_id: str, rng: random.Random, turns: int) -> BanditTask:
+    options = tuple(("starts with a capital letter", "anything else") for _ in range(turns))
+    return BanditTask(task_id, "capital", "Start every answer with a capital letter.", options,
+                      _per_turn_rewards([0] * turns, 2))
+
+
+def _capital_choice(action: str) -> int:
+    """`capital`: every response chooses; A (0) when its first non-space character is A-Z."""
+    first = action.strip()[:1]
+    return 0 if first.isascii() and first.isupper() else 1
+
+
 def _optimum_range(optimum: float | tuple[float, float]) -> tuple[float, float]:
     low, high = (optimum, optimum) if isinstance(optimum, (int, float)) else tuple(optimum)
     if not 0 < low <= high <= 1:
@@ -223,6 +240,8 @@ def make_tasks(
             task = _easy_task(task_id, rng, rng.randint(low, high), options, hint)
         elif variant == "follow":
             task = _follow_task(task_id, rng, rng.randint(low, high), options)
+        elif variant == "capital":
+            task = _capital_task(task_id, rng, rng.randint(low, high))
         else:
             kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
             make = _climbing_task if kind == "climbing" else _random_task
@@ -284,7 +303,9 @@ class TurnBanditEnv(gym.Env[str, str]):
         template: ReActTemplate | None = None,
         brief: bool = False,
     ) -> None:
-        if variant in ("easy", "follow"):
+        if variant == "capital":
+            options = 2  # its two options are fixed
+        if variant in ("easy", "follow", "capital"):
             turns = turns or (2, 2)
             options = options or (2 if variant == "easy" else 3)
         self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum)
@@ -363,7 +384,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             if not parsed.think_closed:
                 problem = "the <think> block was never closed"
             else:
-                choice = parse_choice(parsed.action, options)
+                choice = _capital_choice(parsed.action) if self.task.kind == "capital" else parse_choice(parsed.action, options)
                 if choice is None:
                     shown = parsed.action if len(parsed.action) <= 40 else parsed.action[:40] + "..."
                     problem = f"{shown!r} names none of the options"

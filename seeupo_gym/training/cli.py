@@ -87,7 +87,9 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help="a preset name (tiny-cpu, tiny-turnbandit, demo, ...) or a YAML file; "
                         "defaults apply without one")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
-    parser.add_argument("--resume", help="checkpoint folder, or 'latest' (the newest under log.output_dir)")
+    parser.add_argument("--out", help="the run's folder (log.output_dir); it must hold no other run")
+    parser.add_argument("--resume", help="'latest' (the newest checkpoint of the run in the run folder), or a checkpoint "
+                        "folder of that run (in a folder without a run: a new run starting from it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
     return parser.parse_args(argv)
@@ -102,6 +104,8 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         config.plugins = config.plugins + args.plugin
+        if args.out:
+            config.log.output_dir = args.out
         if args.print_config:
             import yaml
 
