@@ -84,8 +84,8 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="seeupo-train",
         description="Train an LLM agent with PPO, GRPO, GSPO, SeeUPO or a plug-in algorithm.",
     )
-    parser.add_argument("--config", help="a preset name (tiny-cpu, tiny-turnbandit, demo, ...) or a YAML file; "
-                        "defaults apply without one")
+    parser.add_argument("--config", action="append", help="a preset name (smoke, tiny-cpu, demo, ...) or a YAML "
+                        "file; repeat to merge several, a later one winning; defaults apply without one")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
     parser.add_argument("--out", help="the run's folder (log.output_dir); it must hold no other run")
     parser.add_argument("--resume", help="'latest' (the newest checkpoint of the run in the run folder), or a checkpoint "
@@ -132,16 +132,16 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 def resolve_config(
-    config_path: str | None, checkpoint: str | None, overrides: Sequence[str]
+    config_paths: Sequence[str] | str | None, checkpoint: str | None, overrides: Sequence[str]
 ) -> Config:
-    """Defaults < checkpoint's config.yaml (or --config) < dotted overrides."""
+    """Defaults < checkpoint's config.yaml (or the --config files, merged in order) < dotted overrides."""
     if checkpoint is not None:
         saved = Path(checkpoint) / "config.yaml"
         if not Path(checkpoint).is_dir():
             raise ConfigError(f"checkpoint {checkpoint!r} is not a folder (expected e.g. runs/x/checkpoints/step-10)")
-        if config_path is None and saved.is_file():
-            config_path = str(saved)
-    config = load_config(config_path, overrides)
+        if not config_paths and saved.is_file():
+            config_paths = str(saved)
+    config = load_config(config_paths, overrides)
     # A checkpoint's config may carry resume_from; evaluation never resumes training.
     config.resume_from = None
     return config
@@ -154,7 +154,8 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     source = parser.add_argument_group("what to evaluate")
     source.add_argument("--checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
-    source.add_argument("--config", help="a preset name or a YAML trainer config (model / env / sampling settings)")
+    source.add_argument("--config", action="append", help="a preset name or a YAML trainer config (model / env / "
+                        "sampling settings); repeat to merge several, a later one winning")
     source.add_argument("--model", help="'embedded', 'tiny', a Hugging Face id or a local path (model.name_or_path)")
     source.add_argument("--env", help="env id, e.g. seeupo/TurnBandit-v0 (env.id)")
     source.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON merged into env.kwargs, e.g. '{\"split\": \"test\"}'")

@@ -243,23 +243,69 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Read a YAML file or a preset (or start from the defaults) and apply `dotted.key=value` overrides."""
+ConfigPaths = typing.Union[str, Path, Sequence[typing.Union[str, Path]], None]
+
+
+def load_config(paths: ConfigPaths = None, overrides: Sequence[str] = ()) -> Config:
+    """Read YAML files or presets (or start from the defaults) and apply `dotted.key=value` overrides.
+
+    Several files merge in order, a later one winning key by key (`load_raw_config`)."""
+    return config_from_dict(load_raw_config(paths, overrides))
+
+
+def load_raw_config(paths: ConfigPaths = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The merged mapping of `paths` (each a YAML file or a preset, with its `extends:` chain), then
+    the overrides; not yet validated. Mappings merge key by key, every other value (lists too) is replaced."""
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
     raw: dict[str, Any] = {}
-    if path is not None:
-        file = resolve_config_path(path)
-        try:
-            loaded = parse_yaml(file.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
-        raw = loaded
+    for path in paths:
+        raw = merge_configs(raw, _read_config_file(path, chain=()))
     for override in overrides:
         apply_override(raw, override)
-    return config_from_dict(raw)
+    return raw
+
+
+def merge_configs(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: nested mappings merge, any other value of `over` replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_configs(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_config_file(path: str | Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One YAML file with its `extends: PRESET_OR_FILE` (or a list of them) merged underneath."""
+    file = resolve_config_path(path)
+    if file.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, file.resolve()))
+        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+    try:
+        loaded = parse_yaml(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
+    parents = loaded.pop("extends", None)
+    if parents is None:
+        return loaded
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(f"config file {str(path)!r}: extends must be a preset name, a file, or a list of them, got {parents!r}")
+    raw: dict[str, Any] = {}
+    for parent in parents:
+        # A relative file is found beside the file that extends it; a bare name may be a preset.
+        beside = file.parent / parent
+        raw = merge_configs(raw, _read_config_file(beside if beside.is_file() else parent, (*chain, file.resolve())))
+    return merge_configs(raw, loaded)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -389,6 +435,15 @@ def _check_values(config: Config) -> None:
     positive("train.steps", config.train.steps)
     positive("train.tasks_per_step", config.train.tasks_per_step)
     positive("train.group_size", config.train.group_size)
+    if config.train.group_size < 2:
+        from seeupo_gym.algorithms.base import algorithm_class
+
+        try:
+            check_group_size(config, algorithm_class(config.algorithm.name))
+        except ValueError as error:
+            if isinstance(error, ConfigError):
+                raise
+            # A plug-in's algorithm, not loaded yet: the trainer checks it once it is.
     positive("optim.lr", config.optim.lr)
     positive("optim.value_lr", config.optim.value_lr)
     positive("sampling.max_new_tokens", config.sampling.max_new_tokens)
@@ -418,6 +473,17 @@ def _check_values(config: Config) -> None:
     for key, tasks in (("env.train_tasks", config.env.train_tasks), ("env.eval_tasks", config.env.eval_tasks)):
         if tasks is not None and not tasks:
             raise ConfigError(f"{key} is an empty list; give task ids or null for all of the env's tasks")
+
+
+def check_group_size(config: Config, algorithm: type) -> None:
+    """Refuse a group of one for an algorithm whose baseline is its group (all but a value-model one)."""
+    if config.train.group_size < 2 and not getattr(algorithm, "needs_value_model", False):
+        raise ConfigError(
+            f"train.group_size is {config.train.group_size}; {config.algorithm.name} compares each rollout with "
+            "the other rollouts of its task, so it needs at least 2 per task (a group of one has no baseline: "
+            "its advantage would be 0 and nothing would be learned); use 2 or more, or an algorithm with a value "
+            "model (ppo)"
+        )
 
 
 def save_config(config: Config, path: str | Path) -> None:

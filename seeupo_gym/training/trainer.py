@@ -31,7 +31,15 @@ from seeupo_gym.algorithms.base import Algorithm, algorithm_class, load_plugin
 from seeupo_gym.algorithms.core import select_for_update
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
-from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
+from seeupo_gym.training.config import (
+    Config,
+    ConfigError,
+    check_group_size,
+    config_from_dict,
+    load_config,
+    parse_dataclass,
+    save_config,
+)
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
 
@@ -80,6 +88,7 @@ def build_algorithm(config: Config) -> Algorithm:
     except ValueError as error:
         hint = " (an algorithm of your own: load the file that registers it with --plugin FILE, or list it under plugins:)"
         raise ConfigError(f"algorithm: {error}{hint}") from error
+    check_group_size(config, cls)
     # The options typed like the rest of the config: `algorithm.kl_coef=1e-3` is a float.
     return cls(parse_dataclass(cls.config_class, config.algorithm.options, "algorithm"))
 

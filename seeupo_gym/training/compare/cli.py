@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="seeupo-compare",
         description="Train several algorithms on the same env, model, seeds and budget; write a report with curves.",
     )
-    parser.add_argument("--config", help="a preset name (e.g. demo, tiny-cpu) or a YAML file; shared by every run")
+    parser.add_argument("--config", action="append", help="a preset name (e.g. demo, smoke) or a YAML file; shared by "
+                        "every run; repeat to merge several, a later one winning")
     parser.add_argument("--algorithms", default="seeupo,grpo",
                         help="comma-separated registered names, or label=name pairs (default seeupo,grpo)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL.key=value",
