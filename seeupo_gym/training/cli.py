@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
 
@@ -223,6 +223,7 @@ def eval_main(argv: list[str] | None = None) -> int:
               f"{config.env.id}: {len(tasks)} tasks x {n} rollouts, at most {max_new_tokens} new tokens per turn "
               "(--max-new-tokens)", file=sys.stderr)
         model, tokenizer = load_policy(config, args.checkpoint)
+        on_cpu = _warn_if_long(model, len(tasks) * n, env_kwargs, max_new_tokens)
     except ConfigError as error:
         print(f"seeupo-eval: {error}", file=sys.stderr)
         return 2
@@ -249,6 +250,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts),
         agent_options=agent_options(config.env),
+        warn_slow="seeupo-eval" if on_cpu else None,
     )
     result.model = config.model.name_or_path
     result.checkpoint = args.checkpoint
@@ -269,6 +271,24 @@ def eval_main(argv: list[str] | None = None) -> int:
               f"{result.wall_seconds:.1f} s")
         print(result.table())
     return 0
+
+
+def _warn_if_long(model: Any, episodes: int, env_kwargs: dict, max_new_tokens: int) -> bool:
+    """Print the token-budget warning when it applies; returns whether the model runs on a CPU."""
+    from seeupo_gym.training.evaluation import cpu_tokens_per_second, episode_turns, long_run_warning, token_budget
+
+    parameters = sum(p.numel() for p in model.parameters())
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    warning = long_run_warning(
+        "seeupo-eval",
+        token_budget(episodes, episode_turns(env_kwargs), max_new_tokens),
+        cpu_tokens_per_second(parameters),
+        on_cpu=on_cpu,
+        hint="fewer tasks (--max-tasks), rollouts (-n, -k), turns (env max_turns) or tokens (--max-new-tokens) shorten it",
+    )
+    if warning:
+        print(warning, file=sys.stderr)
+    return on_cpu
 
 
 def _settings_given(args: argparse.Namespace) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -22,6 +23,61 @@ from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summar
 logger = logging.getLogger(__name__)
 
 DEFAULT_CATEGORY = "all"
+
+# --------------------------------------------------------------------------- how long it may take
+
+# Tokens a CPU process generates per second, times the model's parameter count: the embedded
+# 0.5B model decodes ~0.9 token per CPU-second, the tiny one ~30 (its 152k-entry LM head
+# dominates), both measured by scripts/bench_rollout.py; 3e8 / parameters errs on the slow side.
+CPU_TOKEN_RATE = 3e8
+# Parameters of the named models, to estimate before loading them.
+KNOWN_PARAMETERS = {"tiny": 9.8e6, "embedded": 4.94e8}
+# A run estimated past this many seconds on a CPU gets a one-line warning.
+LONG_RUN_S = 600.0
+# Turns per episode when the env kwargs do not say (the envs' own default).
+DEFAULT_MAX_TURNS = 10
+
+
+def token_budget(episodes: int, max_turns: int, max_new_tokens: int) -> int:
+    """The most tokens `episodes` episodes can generate: every turn uses its whole budget."""
+    return episodes * max_turns * max_new_tokens
+
+
+def episode_turns(env_kwargs: dict[str, Any]) -> int:
+    turns = env_kwargs.get("max_turns")
+    return turns if isinstance(turns, int) and turns > 0 else DEFAULT_MAX_TURNS
+
+
+def cpu_tokens_per_second(parameters: float) -> float:
+    return CPU_TOKEN_RATE / max(parameters, 1.0)
+
+
+def long_run_warning(what: str, tokens: int, tokens_per_second: float, *, on_cpu: bool, hint: str) -> str | None:
+    """One line when generating `tokens` at `tokens_per_second` on a CPU may pass LONG_RUN_S; else None."""
+    seconds = tokens / tokens_per_second
+    if not on_cpu or seconds <= LONG_RUN_S:
+        return None
+    return (f"{what}: warning: up to ~{_duration(seconds)} on this CPU ({tokens:,} tokens at most, if every turn "
+            f"uses its whole budget, at ~{tokens_per_second:.3g} tokens/s); {hint}")
+
+
+def pace_warning(what: str, done: int, total: int, elapsed_s: float) -> str | None:
+    """One line when the tasks left, at the pace of the `done` first ones, may pass LONG_RUN_S; else None.
+    A measured estimate, unlike the token-budget bound (most responses end before their budget)."""
+    if done <= 0 or done >= total:
+        return None
+    left = elapsed_s / done * (total - done)
+    if left <= LONG_RUN_S:
+        return None
+    return f"{what}: warning: at the pace of the first {done} of {total} tasks, about {_duration(left)} more"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 @dataclass
@@ -132,13 +188,15 @@ def evaluate_policy(
     keep_rollouts: bool = False,
     desc: str = "eval",
     agent_options: dict[str, Any] | None = None,
+    warn_slow: str | None = None,
 ) -> EvalResult:
     """n rollouts of every task with `backend` (a `agents.backends` Backend); avg@k and pass@k.
 
     Tasks are collected in chunks of about four env-loads of episodes so a progress bar can
     move; a chunk's seed is derived from (seed, chunk index), so the same arguments give the
     same rollouts. `agent_options`: more VectorAgent keyword arguments (vectorization, schedule,
-    workers, url, worker_options; `training.tasks.agent_options` of a config).
+    workers, url, worker_options; `training.tasks.agent_options` of a config). `warn_slow`: a
+    program name; after the first chunk, a `pace_warning` under that name when the rest looks long.
     """
     from tqdm.auto import tqdm
 
@@ -159,7 +217,11 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    with tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress, leave=False) as bar, VectorAgent(
+    # The bar counts tokens against the budget: it moves every turn, and its ETA (the budget left at
+    # the pace so far) bounds the time left; the budget of episodes that ended early is counted when they end.
+    per_episode = token_budget(1, episode_turns(env_kwargs), max_new_tokens)
+    with tqdm(total=len(tasks) * n * per_episode, desc=desc, unit="tok", unit_scale=True, disable=not progress,
+              leave=False, dynamic_ncols=True) as bar, VectorAgent(
         env_id,
         _TurnProgress(backend, bar) if progress else backend,
         tokenizer,
@@ -190,7 +252,11 @@ def evaluate_policy(
                             "actions": trajectory.info.get("actions", []),
                         }
                     )
-            bar.update(len(part))
+            bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
+            bar.set_postfix_str(f"{begin + len(part)}/{len(tasks)} tasks")
+            warning = pace_warning(warn_slow, len(part), len(tasks), time.perf_counter() - started) if warn_slow and index == 0 else None
+            if warning:
+                tqdm.write(warning, file=sys.stderr)
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -208,7 +274,7 @@ def evaluate_policy(
 
 
 class _TurnProgress(Backend):
-    """A backend that reports each generate call (one turn of every running episode) on a bar.
+    """A backend that counts each generate call's tokens (one turn of every running episode) on a bar.
 
     Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
     still for minutes on a slow model.
@@ -223,9 +289,10 @@ class _TurnProgress(Backend):
 
     def generate(self, prompts: Any, sampling: Any) -> Any:
         completions = self._backend.generate(prompts, sampling)
+        generated = sum(len(c.token_ids) for c in completions)
         self.turns += 1
-        self.tokens += sum(len(c.token_ids) for c in completions)
-        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
+        self.tokens += generated
+        self._bar.update(generated)
         return completions
 
     def update_weights(self, state_dict_or_model: Any) -> None:

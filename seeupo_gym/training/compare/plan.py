@@ -62,6 +62,21 @@ class ComparePlan:
     save_checkpoints: bool = False
 
 
+def plan_token_budget(plan: ComparePlan) -> int:
+    """The most tokens a comparison generates: every run's training rollouts and evaluations, each
+    turn using its whole budget (`evaluation.token_budget`)."""
+    from seeupo_gym.training.evaluation import episode_turns, token_budget
+
+    total = 0
+    for run in plan.runs:
+        config = run.config
+        evals = len(eval_steps(config.train.steps, plan.eval.every, plan.eval.at_start))
+        episodes = config.train.steps * config.train.tasks_per_step * config.train.group_size
+        episodes += evals * len(plan.eval_tasks) * (plan.eval.n or plan.eval.k)
+        total += token_budget(episodes, episode_turns(config.env.kwargs), config.sampling.max_new_tokens)
+    return total
+
+
 def parse_algorithms(text: str) -> dict[str, str]:
     """`seeupo,grpo,natural=seeupo` -> {label: registered name}."""
     pairs: dict[str, str] = {}
