@@ -21,3 +21,18 @@ def test_smoke_preset_raises_the_reward_of_the_tiny_model_within_its_steps(tmp_p
     first, last = statistics.fmean(rewards[:3]), statistics.fmean(rewards[-3:])
     # Measured (seed 0): about 0.2 over the first three steps, 1.0 over the last three.
     assert first < 0.4 and last > first + 0.4, rewards
+
+
+def test_turnbandit_capital_takes_every_answer_and_rewards_a_capital_start():
+    from seeupo_gym.turnbandit import TurnBanditEnv
+
+    env = TurnBanditEnv(variant="capital", num_tasks=2)
+    env.reset(options={"task_id": "capital-0-0"})
+    _, reward, done, _, info = env.step("hello")
+    assert (reward, done, info["action_error"], info["choices"]) == (0.0, False, "", "B")
+    _, reward, done, _, info = env.step("  Zebra")
+    assert (reward, done, info["choices"]) == (0.5, True, "BA")
+    env.reset(options={"task_id": "capital-0-1"})
+    for answer in env.task.optimal_answers():
+        _, reward, _, _, _ = env.step(answer)
+    assert reward == 1.0

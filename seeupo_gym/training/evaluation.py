@@ -253,7 +253,7 @@ def evaluate_policy(
                         }
                     )
             bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
-            bar.set_postfix_str(f"{begin + len(part)}/{len(tasks)} tasks")
+            bar.set_postfix_str(f"{begin + len(part)}/{len(tasks)} tasks done")
             warning = pace_warning(warn_slow, len(part), len(tasks), time.perf_counter() - started) if warn_slow and index == 0 else None
             if warning:
                 tqdm.write(warning, file=sys.stderr)
@@ -292,6 +292,8 @@ class _TurnProgress(Backend):
         generated = sum(len(c.token_ids) for c in completions)
         self.turns += 1
         self.tokens += generated
+        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated",
+                                  refresh=False)
         self._bar.update(generated)
         return completions
 
