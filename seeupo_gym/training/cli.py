@@ -1,7 +1,10 @@
 """The command lines: `seeupo-train`, `seeupo-eval` and `seeupo-export`.
 
+    seeupo-train --config smoke                                      # the tiny model learns on CPU in ~a minute
     seeupo-train --config tiny-cpu                                   # a preset name or a YAML path
-    seeupo-train --config tiny-cpu algorithm.name=grpo train.steps=5
+    seeupo-train --config tiny-cpu --config mine.yaml train.steps=5  # files merge in order, overrides last
+    seeupo-train --config smoke --out runs/smoke-2                   # a new run needs a folder without a run
+    seeupo-train --config smoke train.steps=30 --resume latest       # continue the run in runs/smoke
     seeupo-train --config bfcl-seeupo --plugin my_algo.py algorithm.name=my_algo
     accelerate launch --num_processes 2 -m seeupo_gym.training.cli --config tiny-cpu
 

@@ -1,5 +1,8 @@
 """Training configuration: YAML files and `key=value` overrides -> typed dataclasses.
 
+A file may start from a preset or another file (`extends: tiny-cpu`, or a list); several files
+merge in order, mappings key by key and any other value replaced by the later file.
+
 Every field is documented with its default; the defaults are the paper's (lr 1e-6, 32 tasks
 x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `presets/`
 override them explicitly. The dataclasses are the schema: YAML is read with YAML 1.2's float
@@ -166,7 +169,8 @@ class TrainConfig:
 
 @dataclass
 class LogConfig:
-    # Run folder: metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    # Run folder: run.json (the run id), metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    # It holds one run: a folder that holds another is refused unless resuming that run.
     output_dir: str = "runs/seeupo"
     # accelerate trackers ("tensorboard", "wandb", ...); [] for JSONL only.
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -194,7 +198,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     # Python files (or dotted modules) that register user algorithms.
     plugins: list[str] = field(default_factory=list)
-    # Checkpoint folder to resume from, or "latest" (the newest under log.output_dir/checkpoints).
+    # "latest" (the newest checkpoint of the run in log.output_dir), or a checkpoint folder: of the run
+    # in log.output_dir, or of any run when log.output_dir holds none (a new run starting from it).
     resume_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
