@@ -283,6 +283,22 @@ def load_model(
     return model, tokenizer
 
 
+def load_tokenizer(name_or_path: str = "embedded") -> PreTrainedTokenizerBase:
+    """The tokenizer of a model `load_model` would load, without its weights (for a model that
+    generates on a server: the agent still keeps contexts as token ids)."""
+    if name_or_path == "tiny":
+        path: str | Path = tiny_tokenizer_dir()
+    elif name_or_path == "embedded":
+        path = convert_embedded()
+    else:
+        path = name_or_path
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(convert_embedded())

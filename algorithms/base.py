@@ -21,6 +21,7 @@ in any file; the trainer finds it by name once that file is imported (config key
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import sys
 from abc import ABC, abstractmethod
@@ -70,7 +71,13 @@ class MicroLoss(Protocol):
 
 
 class Learner(Protocol):
-    """The policy being trained, as an algorithm sees it."""
+    """The policy being trained, as an algorithm sees it.
+
+    Optional attribute `measures_alongside` (False when absent): True says that `minimize` never cuts
+    the samples one packed sequence scores (a trajectory's turns whose contexts extend each other)
+    across parts, and returns its parts' diagnostics summed over parts and processes. SeeUPO then
+    measures the ratios of a pool just updated inside the next pool's gradient pass.
+    """
 
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
         """Response-token logprobs under the current parameters (with autograd when grad=True).
@@ -113,6 +120,8 @@ class AlgorithmConfig:
 
     clip_low: float = 0.2
     clip_high: float = 0.2
+    # KL penalty in the loss, on by default at the SeeUPO paper's 0.002; verl's `use_kl_loss` is off by
+    # default (set 0 for verl's default).
     kl_coef: float = 0.002
     # KL(pi || pi_ref) per token: k1 | k2 | k3 | low_var_kl (k3 clamped to [-10, 10] as verl;
     # low_var_kl is verl's name for the same estimator).
@@ -120,6 +129,8 @@ class AlgorithmConfig:
     # Sample reuse: every sample takes part in `epochs` passes, in minibatches of this many
     # samples; the same for every algorithm so that comparisons spend equal compute.
     epochs: int = 1
+    # Counted in turn samples (a minibatch closes once it holds this many, whole trajectories only);
+    # verl's `ppo_mini_batch_size` counts prompts, each with its `rollout.n` trajectories.
     minibatch_size: int = 64
 
     def __post_init__(self) -> None:
@@ -178,8 +189,53 @@ class UpdatePhase:
     ratios_after: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UpdateSelection:
+    """Which trajectories of a batch an update learns from (`core.select_for_update`).
+
+    Episodes that never started (no turn) are always left out. truncated: `score` (default) trains on
+    a truncated episode with the reward the env gave it, `mask` leaves it out of the update and of its
+    group's statistics; drop_flat_groups: leave out groups of two or more rollouts with one reward.
+    """
+
+    truncated: str = "score"
+    drop_flat_groups: bool = False
+
+
+def _selecting_first(update: Callable[..., dict[str, float]]) -> Callable[..., dict[str, float]]:
+    """`update` behind the selection: it receives only the trajectories to learn from, and its metrics
+    gain the counts of those left out; with none left it is not called (`skipped_empty_batch`)."""
+
+    @functools.wraps(update)
+    def selected(self: "Algorithm", batch: RolloutBatch, learner: "Learner", generator: torch.Generator) -> dict[str, float]:
+        if getattr(self, "_updating", False):  # a subclass's update calling super().update(): selected already
+            return update(self, batch, learner, generator)
+        from seeupo_gym.algorithms.core import select_for_update  # core imports this module
+
+        selection = getattr(self, "selection", None) or UpdateSelection()
+        batch, left_out = select_for_update(
+            batch, truncated=selection.truncated, drop_flat_groups=selection.drop_flat_groups
+        )
+        if len(batch) == 0:
+            self.schedule = []
+            return {**left_out, "skipped_empty_batch": 1.0}
+        self._updating = True
+        try:
+            metrics = update(self, batch, learner, generator)
+        finally:
+            self._updating = False
+        return {**metrics, **left_out}
+
+    selected.selects_first = True  # type: ignore[attr-defined]
+    return selected
+
+
 class Algorithm(ABC):
-    """An RL update rule. Subclasses set `config_class` and implement `update`."""
+    """An RL update rule. Subclasses set `config_class` and implement `update`.
+
+    Every subclass's `update` runs behind `selection` (`UpdateSelection`): it sees only the
+    trajectories to learn from, whoever calls it (the trainer, a benchmark, a test).
+    """
 
     config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     # True when the learner must carry a value model (PPO).
@@ -191,6 +247,7 @@ class Algorithm(ABC):
         config: AlgorithmConfig | dict[str, Any] | None = None,
         *,
         on_phase: Callable[[UpdatePhase], None] | None = None,
+        selection: UpdateSelection | None = None,
     ) -> None:
         if config is None:
             config = self.config_class()
@@ -201,7 +258,18 @@ class Algorithm(ABC):
         self.config = config
         # The phases of the latest `update`, in order; `on_phase` sees each as it completes.
         self.schedule: list[UpdatePhase] = []
+        # Called with each phase once its update is done and its `ratios_after` are measured (SeeUPO then
+        # measures them in a pass of their own: with several processes, set it on every process).
         self.on_phase = on_phase
+        self.selection = selection or UpdateSelection()
+        self._updating = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        update = cls.__dict__.get("update")
+        if update is None or getattr(update, "selects_first", False) or getattr(update, "__isabstractmethod__", False):
+            return
+        cls.update = _selecting_first(update)  # type: ignore[method-assign]
 
     def record_phase(self, phase: UpdatePhase) -> None:
         self.schedule.append(phase)
@@ -210,7 +278,11 @@ class Algorithm(ABC):
 
     @abstractmethod
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
-        """One training step on `batch`; returns scalar metrics. `generator` drives any shuffling."""
+        """One training step on `batch`; returns scalar metrics. `generator` drives any shuffling.
+
+        Called, it first leaves out what `selection` says (never-started episodes always) and adds the
+        counts to the metrics (`never_started`, `truncated_masked`, `flat_groups_dropped`); a batch
+        with nothing left returns those and `skipped_empty_batch` without touching the learner."""
 
 
 _REGISTRY: dict[str, type[Algorithm]] = {}

@@ -40,6 +40,9 @@ EPS = 1e-6
 # Token log-ratios are clamped before exp (as verl): beyond e^20 every ratio is clipped anyway,
 # and exp of a larger one overflows float32 into inf * 0 = nan gradients.
 LOG_RATIO_CLAMP = 20.0
+# GSPO's mean log-ratio is clamped above at 10 before exp (verl's `compute_policy_loss_gspo`): past it
+# the ratio is e^10 and has no gradient. Below there is no clamp: exp underflows to 0, harmlessly.
+SEQUENCE_LOG_RATIO_CLAMP = 10.0
 # The k3 estimate is clamped to [-KL_CLAMP, KL_CLAMP] (verl's low_var_kl): one token far from the
 # reference gives e^|log-ratio|, which would otherwise swamp the loss and its gradient.
 KL_CLAMP = 10.0
@@ -54,6 +57,14 @@ def _std(x: torch.Tensor) -> torch.Tensor:
     return x.std() if x.numel() > 1 else x.new_zeros(())
 
 
+def _group_baseline(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # (mean, std) of one group. A group of one has no baseline: mean 0 and std 1, so its advantage
+    # is its reward, as verl's GRPO (`compute_grpo_outcome_advantage`), not 0.
+    if rewards.numel() == 1:
+        return rewards.new_zeros(()), rewards.new_ones(())
+    return rewards.mean(), _std(rewards)
+
+
 def group_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, normalization: str = "group", eps: float = EPS
 ) -> torch.Tensor:
@@ -61,6 +72,8 @@ def group_advantages(
 
     normalization: `none`; `group`: `A_i / (std_group(i)(R) + eps)`; `batch`:
     `(A_i - mean(A)) / (std(A) + eps)` over the N trajectories given (never padded turn samples).
+    A group of one (`train.group_size: 1`, or a group thinned by `select_for_update`) has mean 0 and
+    std 1, as in verl: `A_i = R_i` (`group`: `R_i / (1 + eps)`).
     rewards [N] float, group_index [N] long.
     """
     if normalization not in NORMALIZATIONS:
@@ -70,8 +83,9 @@ def group_advantages(
     group_std = torch.empty_like(rewards)
     for g in torch.unique(group_index):
         members = group_index == g
-        advantages[members] = rewards[members] - rewards[members].mean()
-        group_std[members] = _std(rewards[members])
+        mean, std = _group_baseline(rewards[members])
+        advantages[members] = rewards[members] - mean
+        group_std[members] = std
     if normalization == "group":
         advantages = advantages / (group_std + eps)
     elif normalization == "batch":
@@ -94,8 +108,12 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def sequence_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GSPO's length-normalized sequence ratio `s(y) = exp(mean_tokens(l_new - l_old))`, [n]."""
-    return torch.exp(masked_mean(logp_new - logp_old, mask, dim=-1))
+    """GSPO's length-normalized sequence ratio `s(y) = exp(min(mean_tokens(l_new - l_old), 10))`, [n].
+
+    The clamp is verl's: it writes the ratio per token as `sg(log s) + l_new - sg(l_new)` and clamps
+    that at 10, which has the value and the gradient of clamping the mean itself.
+    """
+    return torch.exp(masked_mean(logp_new - logp_old, mask, dim=-1).clamp(max=SEQUENCE_LOG_RATIO_CLAMP))
 
 
 def clipped_objective(
@@ -140,19 +158,29 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, estimator: str =
 
 
 def behaviour_weights(
-    logp_old: torch.Tensor, logp_sampled: torch.Tensor, mask: torch.Tensor, cap: float, *, level: str = "token"
+    logp_old: torch.Tensor,
+    logp_sampled: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+    *,
+    level: str = "token",
+    totals: Totals | None = None,
 ) -> torch.Tensor:
     """Truncated importance weight of the learner's step-start policy over the sampling policy (TIS).
 
     token: `min(exp(l_old - l_sampled), cap)` per token, [n, L] (1 at padding), as verl's token-level
-    rollout importance sampling (`rollout_is_threshold`) and TRL's `token_truncate`;
-    sequence: `min(exp(mean_tokens(l_old - l_sampled)), cap)` per sample, [n], length-normalized like
-    GSPO's `s(y)`. Detached: it reweights the samples, it is not optimized. 1 wherever the sampler's
-    weights are the learner's (up to floating point).
+    rollout importance sampling (`rollout_is: token`) and TRL's `token_truncate`;
+    sequence: `min(exp(mean_tokens(l_old - l_sampled)), cap)` per sequence, [k]: a row, or with
+    trajectory totals all of a trajectory's response tokens (`sequence_means`), one weight per
+    trajectory. Length-normalized like GSPO's `s(y)`: verl's `rollout_is: sequence` takes the product
+    `min(exp(sum_tokens(..)), cap)` instead, which over a multi-turn trajectory of thousands of tokens
+    is almost always 0 or the cap once the weights are a step old (a mean drift of 0.01 nats per token
+    over 2,000 tokens is e^20). Detached: it reweights the samples, it is not optimized. 1 wherever the
+    sampler's weights are the learner's (up to floating point).
     """
     log_ratio = (logp_old - logp_sampled).detach()
     if level == "sequence":
-        return torch.exp(masked_mean(log_ratio, mask, dim=-1)).clamp(max=cap)
+        return torch.exp(sequence_means(log_ratio, mask, totals)[0]).clamp(max=cap)
     if level != "token":
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
     return torch.exp(torch.where(mask, log_ratio, torch.zeros_like(log_ratio))).clamp(max=cap)
@@ -166,7 +194,7 @@ class Totals:
     in different parts, so a part's rows must be told their trajectory: pass `totals.part(part)`.
     """
 
-    samples: int  # sequences: turns, or trajectories with any response token
+    samples: int  # sequences with any response token: turns, or trajectories (verl leaves empty rows out)
     tokens: int
     # Response tokens of each trajectory of the minibatch, by rollout_id (sequences = trajectories).
     trajectory_tokens: Mapping[str, int] | None = None
@@ -178,7 +206,7 @@ class Totals:
     def of(cls, samples: Sequence[TurnSample], sequence: str = "turn") -> "Totals":
         tokens = sum(s.turn.num_response_tokens for s in samples)
         if sequence == "turn":
-            return cls(len(samples), tokens)
+            return cls(sum(1 for s in samples if s.turn.num_response_tokens), tokens)
         if sequence != "trajectory":
             raise ValueError(f"unknown sequence {sequence!r}; choose one of {SEQUENCES}")
         per_trajectory: dict[str, int] = defaultdict(int)
@@ -189,7 +217,7 @@ class Totals:
 
     @classmethod
     def of_mask(cls, mask: torch.Tensor) -> "Totals":
-        return cls(mask.shape[0], int(mask.sum()))
+        return cls(int(mask.any(dim=-1).sum()), int(mask.sum()))
 
     def part(self, part: Sequence[TurnSample]) -> "Totals":
         """These totals for the rows `part` (needed when sequences are trajectories)."""
@@ -295,9 +323,12 @@ def select_for_update(
       is not an outcome of the policy: it is always left out, so it moves no group-mate's advantage.
     - truncated: `score` trains on a truncated episode with the reward the env gave it; `mask`
       leaves it out of the update and of its group's statistics (DAPO's overlong filtering).
-    - drop_flat_groups: leave out groups whose rollouts all got one reward (DAPO's dynamic
-      sampling): their group-relative advantage is 0, yet `batch` normalization would shift it.
-    A group left with one trajectory has no baseline: its GRAE advantage is 0 (verl uses A = R).
+    - drop_flat_groups: leave out groups of two or more rollouts that all got one reward (DAPO's
+      dynamic sampling): their group-relative advantage is 0, yet `batch` normalization would shift
+      it. A group of one is kept, as verl's DAPO does: it has no baseline, so its advantage is its
+      reward (`group_advantages`).
+    Every built-in `Algorithm.update` applies this itself (`Algorithm.selection`); the trainer only
+    sets the options from `train.truncated` and `train.drop_flat_groups`.
     """
     if truncated not in TRUNCATED_MODES:
         raise ValueError(f"unknown truncated mode {truncated!r}; choose one of {TRUNCATED_MODES}")
@@ -307,10 +338,10 @@ def select_for_update(
         counts["truncated_masked"] = float(sum(t.truncated for t in kept))
         kept = [t for t in kept if not t.truncated]
     if drop_flat_groups:
-        rewards: dict[str, set[float]] = defaultdict(set)
+        rewards: dict[str, list[float]] = defaultdict(list)
         for t in kept:
-            rewards[t.group_id].add(t.reward)
-        flat = {g for g, r in rewards.items() if len(r) == 1}
+            rewards[t.group_id].append(t.reward)
+        flat = {g for g, r in rewards.items() if len(r) > 1 and len(set(r)) == 1}
         counts["flat_groups_dropped"] = float(len(flat))
         kept = [t for t in kept if t.group_id not in flat]
     return RolloutBatch(kept), counts
@@ -528,6 +559,9 @@ def token_policy_loss(
 ) -> tuple[torch.Tensor, LossStats]:
     """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg KL`.
 
+    No dual clip unless `clip_ratio_c` is given (verl's `compute_policy_loss_vanilla` always applies
+    its `clip_ratio_c`, default 3; the `grpo` and `ppo` configs pass 3).
+
     advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
     totals: the minibatch's, for this part (`Totals.part`) when sequences are trajectories.
     """
@@ -572,20 +606,24 @@ def sequence_policy_loss(
 
     weights [n]: the per-row advantage (GSPO: A_i; SeeUPO: M_i). A sequence is a row (one turn's
     response), or with trajectory totals (`Totals.part`) all of a trajectory's rows together, which
-    must then be in this part (one ratio over all its response tokens, as verl's GSPO). The KL is
-    each sequence's token mean, averaged over sequences, so it weighs them like the surrogate does.
+    must then be in this part (one ratio over all its response tokens, as verl's GSPO). A row without
+    response tokens is no sequence: it adds nothing and is not counted. With the sampler's logprobs
+    (`new.sampled`), each sequence's objective is weighted once by its truncated importance weight
+    (`behaviour_weights`, level `sequence`). The KL is each sequence's token mean, averaged over
+    sequences, so it weighs them like the surrogate does (verl's GSPO: the KL with the actor's
+    `loss_agg_mode`, token-mean by default).
     """
     mask = new.mask
     totals = totals or Totals.of_mask(mask)
     samples = max(totals.samples, 1)
-    if totals.trajectory_tokens is None:
-        ratio = sequence_ratio(new.logprobs, old, mask)
-    else:
-        ratio, weights = _trajectory_ratios(new.logprobs, old, mask, weights, totals)
-    objective = clipped_objective(ratio, weights, clip_low, clip_high)
+    log_ratio, tokens, first = sequence_means(new.logprobs - old, mask, totals)
+    ratio = torch.exp(log_ratio.clamp(max=SEQUENCE_LOG_RATIO_CLAMP))
+    weights = weights[first]
+    real = (tokens > 0).to(ratio.dtype)
+    objective = clipped_objective(ratio, weights, clip_low, clip_high) * real
     behaviour = None
-    if new.sampled is not None:  # rollouts from older weights: reweight each sample (TIS)
-        behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence")
+    if new.sampled is not None:  # rollouts from older weights: reweight each sequence (TIS)
+        behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence", totals=totals) * real
         objective = objective * behaviour
     loss = -objective.sum() / samples
     kl = None
@@ -595,8 +633,8 @@ def sequence_policy_loss(
     stats = LossStats(
         policy_loss=float(-objective.detach().sum() / samples),
         kl=None if kl is None else float(kl.detach()),
-        clipfrac=float(clip_fraction(ratio.detach(), weights, clip_low, clip_high).sum() / samples),
-        ratio_mean=float(ratio.detach().sum() / samples),
+        clipfrac=float((clip_fraction(ratio.detach(), weights, clip_low, clip_high) * real).sum() / samples),
+        ratio_mean=float((ratio.detach() * real).sum() / samples),
     )
     if behaviour is not None:
         stats.is_weight_mean = float(behaviour.sum() / samples)
@@ -604,17 +642,20 @@ def sequence_policy_loss(
     return loss, stats
 
 
-def _trajectory_ratios(
-    logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, totals: Totals
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`s` of each trajectory of the part over all its response tokens, and its weight; [k] each."""
-    if totals.row_ids is None or totals.trajectory_tokens is None:
+def sequence_means(
+    values: torch.Tensor, mask: torch.Tensor, totals: Totals | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Token mean of `values` [n, L] over each sequence of these rows, its token count, and the row
+    each sequence starts at; [k], [k], k. A sequence is a row, or with trajectory totals
+    (`Totals.part`) all the rows of one trajectory, which must all be in this part."""
+    real = mask.to(values.dtype)
+    row_sums, row_tokens = (values * real).sum(-1), real.sum(-1)
+    if totals is None or totals.trajectory_tokens is None:
+        return row_sums / row_tokens.clamp(min=1), row_tokens, list(range(mask.shape[0]))
+    if totals.row_ids is None:
         raise ValueError("trajectory totals need the part's rows: pass totals.part(part)")
     ids = list(dict.fromkeys(totals.row_ids))
-    index = torch.tensor([ids.index(i) for i in totals.row_ids], device=mask.device)
-    real = mask.to(logp_new.dtype)
-    row_sums = ((logp_new - logp_old) * real).sum(-1)
-    row_tokens = real.sum(-1)
+    index = torch.tensor([ids.index(i) for i in totals.row_ids], dtype=torch.long, device=mask.device)
     sums = row_sums.new_zeros(len(ids)).index_add(0, index, row_sums)
     tokens = row_tokens.new_zeros(len(ids)).index_add(0, index, row_tokens)
     expected = torch.tensor([totals.trajectory_tokens[i] for i in ids], dtype=tokens.dtype, device=tokens.device)
@@ -623,8 +664,7 @@ def _trajectory_ratios(
             "a trajectory's turns were scored in different micro-batches, so its one sequence ratio cannot be "
             "formed; raise model.max_tokens_per_microbatch or use sequence: turn"
         )
-    first = [totals.row_ids.index(i) for i in ids]
-    return torch.exp(sums / tokens.clamp(min=1)), weights[first]
+    return sums / tokens.clamp(min=1), tokens, [totals.row_ids.index(i) for i in ids]
 
 
 def mean_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:

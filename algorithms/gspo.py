@@ -3,8 +3,9 @@
 Each turn's response y_{i,t} is one sequence with ratio `s(y_{i,t})` (`sequence: turn`, the SeeUPO
 paper's); or each trajectory's responses of all turns together are one sequence (`trajectory`, as
 verl). The group-normalized `A_i` weighs every sequence of trajectory i; all turns are updated
-together with `-mean_sequences clip_obj(s, A_i)` + KL. (GSPO's paper uses much smaller clip ranges;
-eps is a parameter.)
+together with `-mean_sequences clip_obj(s, A_i)` + KL, the KL a token mean per sequence averaged over
+sequences. `log s` is clamped above at 10 as verl. (GSPO's paper uses much smaller clip ranges; eps is
+a parameter.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from seeupo_gym.algorithms.rollout import RolloutBatch
 class GSPOConfig(AlgorithmConfig):
     # GRAE normalization: none | group | batch.
     normalization: str = "group"
-    # What one ratio covers: turn (each turn's response, the SeeUPO paper) | trajectory (verl).
+    # What one ratio covers: turn (default: each turn's response, the SeeUPO paper, the unit SeeUPO
+    # updates) | trajectory (verl's: one row per trajectory, every turn's response tokens). The surrogate
+    # and the KL are both averaged per sequence (seq-mean-token-mean); verl's GSPO aggregates both
+    # with the actor's `loss_agg_mode` (token-mean by default; its GSPO recipe sets seq-mean-token-mean).
     sequence: str = "turn"
 
     def __post_init__(self) -> None:

@@ -10,13 +10,18 @@
 Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
 pool just before its update, as the authors' code does (a different estimator). `M` is keyed
-by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample.
+by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample. `s(y)` is
+GSPO's, `log s` clamped above at 10 as verl's, in the loss and in M alike; a response without tokens
+is no sequence (no loss; its s is 1).
 
 Cost: the frozen passes (old, reference) score each trajectory once, packed; the gradient passes
 of pool t are inherently prefix-length (context_t + response_t per trajectory), because the
 parameters change between pools. The ratios after pool t are taken at the parameters the next
 pool's first gradient pass runs with, so that pass scores them too (turn t packs with the
 trajectory's next-updated turn into one sequence): no extra pass, unless a context was rebuilt.
+That sharing needs a learner that says it can (`measures_alongside`: it keeps a packed sequence in
+one part and sums the parts' diagnostics); any other learner, and any update with an `on_phase`
+callback (which must see `ratios_after` filled), gets a separate ratio pass: the same numbers.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ class SeeUPOConfig(AlgorithmConfig):
     # kept); None (default) = no clipping. The authors' code uses [0.8, 1.2].
     m_clip: tuple[float, float] | None = None
     # Measure the ratios after pool t inside the next pool's first gradient pass (same numbers, one
-    # policy pass fewer per pool); false: a separate frozen pass, as a reference for that.
+    # policy pass fewer per pool) where the learner allows it (`measures_alongside`) and no `on_phase`
+    # callback waits for them; false: always a separate frozen pass, as a reference for that.
     share_ratio_pass: bool = True
 
     def __post_init__(self) -> None:
@@ -87,11 +93,16 @@ class SeeUPO(Algorithm):
             f = factor[rid] * ratio
             return advantages[rid] * (f if cfg.m_clip is None else min(max(f, cfg.m_clip[0]), cfg.m_clip[1]))
 
-        def apply_ratios(ratios: dict[str, float]) -> None:  # M_i <- M_i * s(y_{i,t'}), t' the last pool
+        def apply_ratios(phase: UpdatePhase, ratios: dict[str, float]) -> None:  # M_i <- M_i * s(y_{i,t})
             for rid, ratio in ratios.items():
                 factor[rid] *= ratio
-                self.schedule[-1].ratios_after[rid] = ratio
+                phase.ratios_after[rid] = ratio
 
+        def measure_apart(phase: UpdatePhase, samples: list[TurnSample]) -> None:  # a frozen ratio pass
+            ratios = core.frozen_sequence_ratios(core.frozen_logprobs(learner, samples), old, samples).tolist()
+            apply_ratios(phase, dict(zip([s.rollout_id for s in samples], ratios)))
+
+        share = cfg.share_ratio_pass and self.on_phase is None and bool(getattr(learner, "measures_alongside", False))
         pools = [(t, batch.turn_pool(t)) for t in update_order(batch.max_turns, cfg.order, generator)]
         pools = [(t, pool) for t, pool in pools if pool]
         steps = []
@@ -103,11 +114,10 @@ class SeeUPO(Algorithm):
             # M_i <- M_i * s(y_{i,t'}) for the pool t' just updated, at the current parameters: inside
             # this pool's first gradient pass where the sample packs with its trajectory's turn t (one
             # policy pass fewer), else in a frozen pass now.
-            shared = core.packing_with(pending, batches[0]) if cfg.share_ratio_pass else []
+            shared = core.packing_with(pending, batches[0]) if share else []
             frozen = [s for s in pending if core.sample_key(s) not in {core.sample_key(x) for x in shared}]
             if frozen:
-                ratios = core.frozen_sequence_ratios(core.frozen_logprobs(learner, frozen), old, frozen).tolist()
-                apply_ratios(dict(zip([s.rollout_id for s in frozen], ratios)))
+                measure_apart(self.schedule[-1], frozen)
 
             for k, minibatch in enumerate(batches):
                 totals = core.Totals.of(minibatch)
@@ -128,13 +138,24 @@ class SeeUPO(Algorithm):
 
                 extra = shared if k == 0 else []
                 metrics = learner.minimize(minibatch + extra, core.measuring_alongside(t, extra, old, loss))
-                apply_ratios(core.pop_ratio_diagnostics(metrics))
+                measured = core.pop_ratio_diagnostics(metrics)
+                missing = sorted({s.rollout_id for s in extra} - measured.keys())
+                if missing:  # the parameters have moved since: M can no longer be completed
+                    raise RuntimeError(
+                        f"{type(learner).__name__}.minimize returned no ratio for {missing}: a learner with "
+                        f"measures_alongside = True must return its parts' diagnostics summed"
+                    )
+                if measured:
+                    apply_ratios(self.schedule[-1], measured)
                 steps.append(metrics)
 
             later = {s.rollout_id for _, later_pool in pools[position + 1 :] for s in later_pool}
             pending = [s for s in pool if s.rollout_id in later]
             phase = UpdatePhase(t, tuple(s.rollout_id for s in pool), {s.rollout_id: weight(s.rollout_id) for s in pool},
                                 len(batches))
+            if pending and not share:  # measured now, so that on_phase sees them
+                measure_apart(phase, pending)
+                pending = []
             self.record_phase(phase)
 
         metrics = core.mean_metrics(steps)

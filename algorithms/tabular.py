@@ -52,6 +52,11 @@ class TabularPolicy:
     which must not change the result.
     """
 
+    @property
+    def measures_alongside(self) -> bool:
+        # Cut into parts of k samples, a trajectory's turns may land in different parts.
+        return self.microbatch_samples is None
+
     def __init__(
         self,
         tasks: Sequence[JointActionTask],

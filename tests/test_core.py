@@ -21,19 +21,20 @@ GROUPS = torch.tensor([0, 0, 0, 1])
 
 
 def test_grae_without_normalization_subtracts_the_group_mean():
-    assert close(core.group_advantages(REWARDS, GROUPS, "none"), [2 / 3, -1 / 3, -1 / 3, 0.0])
+    # The singleton group has no baseline: A = R, as verl's GRPO (mean 0 for a group of one).
+    assert close(core.group_advantages(REWARDS, GROUPS, "none"), [2 / 3, -1 / 3, -1 / 3, 1.0])
 
 
 def test_grae_group_normalization_divides_by_the_group_std():
-    # std of [1, 0, 0] (unbiased) = sqrt(1/3); a singleton group has no spread and gets 0.
+    # std of [1, 0, 0] (unbiased) = sqrt(1/3); a singleton group divides by 1 + eps (verl: std 1).
     s = math.sqrt(1 / 3)
-    assert close(core.group_advantages(REWARDS, GROUPS, "group"), [(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s, 0.0])
+    assert close(core.group_advantages(REWARDS, GROUPS, "group"), [(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s, 1.0])
 
 
 def test_grae_batch_normalization_standardizes_over_the_trajectories():
-    # A = [2/3, -1/3, -1/3, 0]: mean 0, unbiased std sqrt(2/9).
-    s = math.sqrt(2 / 9)
-    assert close(core.group_advantages(REWARDS, GROUPS, "batch"), [(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s, 0.0])
+    # A = [2/3, -1/3, -1/3, 1]: mean 1/4, deviations [5, -7, -7, 9] / 12, unbiased std below.
+    s = math.sqrt((25 + 49 + 49 + 81) / 144 / 3)
+    assert close(core.group_advantages(REWARDS, GROUPS, "batch"), [5 / 12 / s, -7 / 12 / s, -7 / 12 / s, 9 / 12 / s])
 
 
 def test_unknown_normalization_is_a_clear_error():

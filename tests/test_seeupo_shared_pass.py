@@ -1,9 +1,11 @@
 """SeeUPO's ratios after pool t measured inside the next pool's first gradient pass: the same
-update as a separate frozen pass, with one policy pass fewer per pool (tiny model, real learner)."""
+update as a separate frozen pass, with one policy pass fewer per pool (tiny model, real learner);
+and M as the paper's Algorithm 1 whatever the learner reports or cuts (tabular policy)."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from trainer_helpers import synthetic_batch
 
 from seeupo_gym.agents.models import load_model
 from seeupo_gym.algorithms.base import make_algorithm
+from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
+from seeupo_gym.algorithms.tabular import TabularPolicy
 from seeupo_gym.training.learner import LLMLearner, frozen_copy
 
 
@@ -54,3 +58,139 @@ def test_shared_ratio_pass_gives_the_unshared_update_with_fewer_policy_tokens(ti
         assert tokens_shared <= tokens_apart
     else:
         assert tokens_shared < tokens_apart
+
+
+# --------------------------------------------------------------------------- any learner, any cut
+# SeeUPO on the tabular policy against the paper's Algorithm 1 written out here (reverse order,
+# step_start ratios, batch-normalized GRAE, one SGD step per pool, no KL): M must be the same whether
+# the learner reports its parts' diagnostics or not, and whatever it cuts.
+
+
+
+class ThreeTurns:
+    num_turns, num_options = 3, 3
+
+    def __init__(self, task_id):
+        self.task_id = task_id
+
+    def reward(self, actions):
+        return 0.0
+
+
+TASKS = [ThreeTurns("t0"), ThreeTurns("t1")]
+PLAYS = {  # rollout_id: (task index, choices, reward); r3 and r5 stop early
+    "r0": (0, (0, 1, 2), 1.0), "r1": (0, (1, 1, 0), 0.0), "r2": (0, (2, 0), 0.5),
+    "r3": (1, (0, 2, 1), 0.2), "r4": (1, (1, 0, 0), 0.9), "r5": (1, (2,), 0.0),
+}
+LR, CLIP = 2.0, 0.2
+
+
+def tabular_batch() -> RolloutBatch:
+    return RolloutBatch([
+        Trajectory(TASKS[k].task_id, TASKS[k].task_id, rid,
+                   [Turn([k, *plays[:t]], [a], [math.log(1 / 3)]) for t, a in enumerate(plays)], reward, False)
+        for rid, (k, plays, reward) in PLAYS.items()
+    ])
+
+
+def reference_seeupo(index: dict) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
+    """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool)."""
+    rewards = {rid: r for rid, (_, _, r) in PLAYS.items()}
+    groups = {rid: k for rid, (k, _, _) in PLAYS.items()}
+    grae = {}
+    for rid in PLAYS:
+        mates = [rewards[j] for j in PLAYS if groups[j] == groups[rid]]
+        grae[rid] = rewards[rid] - sum(mates) / len(mates)
+    mean = sum(grae.values()) / len(grae)
+    std = (sum((a - mean) ** 2 for a in grae.values()) / (len(grae) - 1)) ** 0.5
+    m = {rid: (a - mean) / (std + 1e-6) for rid, a in grae.items()}
+    logits = torch.zeros(len(index), 3, dtype=torch.float32)
+
+    def logp(table, rid, t):
+        k, plays, _ = PLAYS[rid]
+        return torch.log_softmax(table[index[(k, *plays[: t - 1])]], -1)[plays[t - 1]]
+
+    start = logits.clone()
+    weights, ratios = [], []
+    for t in (3, 2, 1):
+        pool = [rid for rid, (_, plays, _) in PLAYS.items() if len(plays) >= t]
+        weights.append({rid: m[rid] for rid in pool})
+        table = logits.clone().requires_grad_(True)
+        objective = 0.0
+        for rid in pool:
+            s = torch.exp(logp(table, rid, t) - logp(start, rid, t))
+            objective = objective + torch.minimum(s * m[rid], torch.clamp(s, 1 - CLIP, 1 + CLIP) * m[rid])
+        (-objective / len(pool)).backward()
+        logits = logits - LR * table.grad
+        later = pool if t > 1 else []  # every trajectory with turn t has turn t - 1
+        after = {rid: float(torch.exp(logp(logits, rid, t) - logp(start, rid, t))) for rid in later}
+        ratios.append(after)
+        for rid, s in after.items():
+            m[rid] *= s
+    return logits, weights, ratios
+
+
+class QuietLearner:
+    """A learner of its own (the tabular policy inside) whose `minimize` returns its own metrics only,
+    not its parts' diagnostics; it says nothing of `measures_alongside`."""
+
+    def __init__(self, policy: TabularPolicy) -> None:
+        self.policy = policy
+
+    def logprobs(self, samples, *, grad=True):
+        return self.policy.logprobs(samples, grad=grad)
+
+    def ref_logprobs(self, samples):
+        return self.policy.ref_logprobs(samples)
+
+    def minimize(self, samples, loss, *, values=False):
+        return {"grad_norm": self.policy.minimize(samples, loss)["grad_norm"]}
+
+
+@pytest.mark.parametrize("learner", ["tabular", "cut into single samples", "reports no diagnostics"])
+def test_m_follows_algorithm_1_whatever_the_learner_reports_or_cuts(learner):
+    policy = TabularPolicy(TASKS, lr=LR, microbatch_samples=1 if learner == "cut into single samples" else None)
+    target = QuietLearner(policy) if learner == "reports no diagnostics" else policy
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP})
+    algorithm.update(tabular_batch(), target, torch.Generator().manual_seed(0))
+    logits, weights, ratios = reference_seeupo(policy.index)
+    assert [p.turn for p in algorithm.schedule] == [3, 2, 1]
+    for phase, expected_m, expected_s in zip(algorithm.schedule, weights, ratios):
+        assert phase.weights == pytest.approx(expected_m, rel=1e-5)
+        assert phase.ratios_after == pytest.approx(expected_s, rel=1e-5)
+    assert any(abs(s - 1) > 0.05 for after in ratios for s in after.values())  # M really moved
+    torch.testing.assert_close(policy.logits.detach(), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_learner_that_claims_to_measure_alongside_but_drops_the_ratios_is_an_error():
+    class Claiming(QuietLearner):
+        measures_alongside = True
+
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0})
+    with pytest.raises(RuntimeError, match="measures_alongside"):
+        algorithm.update(tabular_batch(), Claiming(TabularPolicy(TASKS, lr=LR)), torch.Generator().manual_seed(0))
+
+
+def test_on_phase_sees_the_ratios_after_the_pool_it_reports():
+    policy = TabularPolicy(TASKS, lr=LR)
+    seen: list[tuple[int, dict[str, float]]] = []
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP})
+    algorithm.on_phase = lambda phase: seen.append((phase.turn, dict(phase.ratios_after)))
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    _, _, ratios = reference_seeupo(policy.index)
+    assert [turn for turn, _ in seen] == [3, 2, 1]
+    for (_, after), expected in zip(seen, ratios):
+        assert after == pytest.approx(expected, rel=1e-5)
+    assert seen[0][1] and seen[1][1] and seen[2][1] == {}  # filled where a later pool reads them
+
+
+def test_on_phase_runs_with_the_parameters_right_after_its_pool():
+    # The callback comes before the next pool's first step, not after it.
+    policy = TabularPolicy(TASKS, lr=LR)
+    snapshots = {}
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0})
+    algorithm.on_phase = lambda phase: snapshots.__setitem__(phase.turn, policy.logits.detach().clone())
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    logits, _, _ = reference_seeupo(policy.index)
+    torch.testing.assert_close(snapshots[1], logits, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(snapshots[3], snapshots[2])

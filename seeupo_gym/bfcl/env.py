@@ -57,7 +57,8 @@ class BFCLEnv(gym.Env[str, str]):
 
     Args:
         categories: BFCL categories to draw tasks from (a name or a list of names).
-        split: "train", "test" (the fixed ids in `seeupo_gym/bfcl/split.json`) or "all".
+        split: "train", "test" (the fixed ids in `seeupo_gym/bfcl/split.json`) or "all"; "paper-train" /
+            "paper-test": the SeeUPO paper's split of base (entries 0-99 / 100-199, `data.PAPER_SPLIT`).
         max_turns: responses per episode before truncation.
         keep_think: whether earlier responses keep their `<think>` block in `info["messages"]`.
         template: the ReAct template (overrides keep_think when given).

@@ -103,8 +103,17 @@ class GenerationConfig:
     """Which engine samples the rollouts; weights are pushed to it after every update."""
 
     # "hf": transformers on the module being trained (no copy, no extra install);
-    # "vllm": a vLLM engine colocated on the training device(s) (`pip install seeupo-gym[vllm]`).
-    backend: Literal["hf", "vllm"] = "hf"
+    # "vllm": a vLLM engine colocated on the training device(s) (`pip install seeupo-gym[vllm]`);
+    # "openai": an OpenAI-compatible server of yours in tokens mode (`vllm serve`), see base_url.
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    # openai: the server (e.g. http://127.0.0.1:8000/v1); the model name it serves (null:
+    # model.name_or_path); the env var holding its API key; requests in flight at once; a folder
+    # the server can read, where each update's adapter (LoRA) or weights are written for it to load.
+    base_url: str | None = None
+    served_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = 32
+    weights_dir: str | None = None
     # hf: bound of the prefix cache (KV states reused across turns and a group's rollouts); 0: off.
     prefix_cache_mib: int = 1024
     # vllm: fraction of the device memory vLLM may take (weights + KV cache); the rest is training's.
@@ -458,6 +467,9 @@ def _check_values(config: Config) -> None:
         raise ConfigError(
             f"generation.gpu_memory_utilization must be in (0, 1], got {config.generation.gpu_memory_utilization}"
         )
+    positive("generation.max_concurrency", config.generation.max_concurrency)
+    if config.generation.backend == "openai" and not config.generation.base_url:
+        raise ConfigError("generation.backend is openai: set generation.base_url to your server, e.g. http://127.0.0.1:8000/v1")
     positive("env.num_envs", config.env.num_envs)
     positive("env.max_context_tokens", config.env.max_context_tokens)
     positive("model.max_tokens_per_microbatch", config.model.max_tokens_per_microbatch)
@@ -485,9 +497,9 @@ def check_group_size(config: Config, algorithm: type) -> None:
     if config.train.group_size < 2 and not getattr(algorithm, "needs_value_model", False):
         raise ConfigError(
             f"train.group_size is {config.train.group_size}; {config.algorithm.name} compares each rollout with "
-            "the other rollouts of its task, so it needs at least 2 per task (a group of one has no baseline: "
-            "its advantage would be 0 and nothing would be learned); use 2 or more, or an algorithm with a value "
-            "model (ppo)"
+            "the other rollouts of its task, so it needs at least 2 per task (a group of one has no baseline: its "
+            "advantage is its raw reward, plain REINFORCE, not the algorithm); use 2 or more, or an algorithm "
+            "with a value model (ppo)"
         )
 
 

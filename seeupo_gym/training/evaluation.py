@@ -110,6 +110,8 @@ class EvalResult:
     model: str = ""
     checkpoint: str | None = None
     rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    # Episodes a remote model server ended (no usable reply after retries), scored as failures.
+    backend_errors: int = 0
 
     @property
     def avg_at_k(self) -> float:
@@ -136,6 +138,7 @@ class EvalResult:
             "tasks": [dataclasses.asdict(task) for task in self.tasks],
             "wall_seconds": self.wall_seconds,
             "generated_tokens": self.generated_tokens,
+            "backend_errors": self.backend_errors,
         }
 
 
@@ -217,46 +220,79 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    # The bar counts tokens against the budget: it moves every turn, and its ETA (the budget left at
-    # the pace so far) bounds the time left; the budget of episodes that ended early is counted when they end.
-    per_episode = token_budget(1, episode_turns(env_kwargs), max_new_tokens)
-    with tqdm(total=len(tasks) * n * per_episode, desc=desc, unit="tok", unit_scale=True, disable=not progress,
-              leave=False, dynamic_ncols=True) as bar, VectorAgent(
-        env_id,
-        _TurnProgress(backend, bar) if progress else backend,
-        tokenizer,
-        num_envs=num_envs,
-        sampling=sampling,
-        max_context_tokens=max_context_tokens,
-        env_kwargs=env_kwargs,
-        **(agent_options or {}),
-    ) as agent:
-        for index, begin in enumerate(range(0, len(tasks), chunk)):
-            part = tasks[begin : begin + chunk]
-            batch = agent.collect(part, n, seed=derive_seed(seed, index))
-            tokens += agent.last_stats.generated_tokens
-            for trajectory in batch:
-                category = trajectory_category(trajectory)
-                outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
-                if keep_rollouts:
-                    rollouts.append(
-                        {
-                            "task_id": trajectory.task_id,
-                            "rollout_id": trajectory.rollout_id,
-                            "category": category,
-                            "reward": float(trajectory.reward),
-                            "success": bool(trajectory.success),
-                            "truncated": bool(trajectory.truncated),
-                            "turns": trajectory.num_turns,
-                            "end": trajectory.info.get("end"),
-                            "actions": trajectory.info.get("actions", []),
-                        }
-                    )
-            bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
-            bar.set_postfix_str(f"{begin + len(part)}/{len(tasks)} tasks done")
-            warning = pace_warning(warn_slow, len(part), len(tasks), time.perf_counter() - started) if warn_slow and index == 0 else None
-            if warning:
-                tqdm.write(warning, file=sys.stderr)
+    backend_errors = 0
+
+    def record(batch: Any) -> None:
+        nonlocal backend_errors
+        for trajectory in batch:
+            category = trajectory_category(trajectory)
+            outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
+            backend_errors += trajectory.info.get("end") == "backend_error"
+            if keep_rollouts:
+                rollouts.append(
+                    {
+                        "task_id": trajectory.task_id,
+                        "rollout_id": trajectory.rollout_id,
+                        "category": category,
+                        "reward": float(trajectory.reward),
+                        "success": bool(trajectory.success),
+                        "truncated": bool(trajectory.truncated),
+                        "turns": trajectory.num_turns,
+                        "end": trajectory.info.get("end"),
+                        "actions": trajectory.info.get("actions", []),
+                    }
+                )
+
+    def after_chunk(index: int, done: int) -> None:
+        bar.set_postfix_str(f"{done}/{len(tasks)} tasks done")
+        warning = pace_warning(warn_slow, done, len(tasks), time.perf_counter() - started) if warn_slow and index == 0 else None
+        if warning:
+            tqdm.write(warning, file=sys.stderr)
+
+    chat = getattr(backend, "mode", None) == "chat"
+    # Token backends: the bar counts tokens against the budget, so it moves every turn and its ETA
+    # (the budget left at the pace so far) bounds the time left; the unused budget of episodes that
+    # ended early is counted when their chunk ends. Chat backends: episodes.
+    per_episode = 1 if chat else token_budget(1, episode_turns(env_kwargs), max_new_tokens)
+    bar = tqdm(total=len(tasks) * n * per_episode, desc=desc, unit="episode" if chat else "tok", unit_scale=not chat,
+               disable=not progress, leave=False, dynamic_ncols=True)
+    if chat:  # a model behind a chat API: messages, not tokens
+        from seeupo_gym.agents.chat_agent import collect_chat
+
+        replies = 0
+
+        def on_turn(reply: Any) -> None:
+            nonlocal replies
+            replies += 1
+            bar.set_postfix_str(f"{replies} replies", refresh=False)
+
+        with bar:
+            for index, begin in enumerate(range(0, len(tasks), chunk)):
+                part = tasks[begin : begin + chunk]
+                record(collect_chat(backend, env_id, part, n, seed=derive_seed(seed, index), sampling=sampling,
+                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn))
+                bar.update(len(part) * n)
+                after_chunk(index, begin + len(part))
+    else:
+        with bar, VectorAgent(
+            env_id,
+            _TurnProgress(backend, bar) if progress else backend,
+            tokenizer,
+            num_envs=num_envs,
+            sampling=sampling,
+            max_context_tokens=max_context_tokens,
+            env_kwargs=env_kwargs,
+            **(agent_options or {}),
+        ) as agent:
+            for index, begin in enumerate(range(0, len(tasks), chunk)):
+                part = tasks[begin : begin + chunk]
+                record(agent.collect(part, n, seed=derive_seed(seed, index)))
+                tokens += agent.last_stats.generated_tokens
+                bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
+                after_chunk(index, begin + len(part))
+    if backend_errors:
+        logger.warning("%d of %d episodes ended because the model server did not answer usably (counted as failures)",
+                       backend_errors, len(outcomes))
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -270,11 +306,12 @@ def evaluate_policy(
         wall_seconds=time.perf_counter() - started,
         generated_tokens=tokens,
         rollouts=rollouts,
+        backend_errors=backend_errors,
     )
 
 
 class _TurnProgress(Backend):
-    """A backend that counts each generate call's tokens (one turn of every running episode) on a bar.
+    """A backend that counts each response's tokens (one turn of an episode) on a bar.
 
     Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
     still for minutes on a slow model.
@@ -299,6 +336,27 @@ class _TurnProgress(Backend):
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         self._backend.update_weights(state_dict_or_model)
+
+    def __getattr__(self, name: str) -> Any:
+        # `submit` (and anything else) of the wrapped backend: without it the per-episode schedule
+        # would fall back to one request at a time whenever a progress bar is shown.
+        if name == "submit" and callable(getattr(self._backend, "submit", None)):
+            return self._submit
+        raise AttributeError(name)
+
+    def _submit(self, prompt: Any, sampling: Any) -> Any:
+        future = self._backend.submit(prompt, sampling)
+        future.add_done_callback(self._count)
+        return future
+
+    def _count(self, future: Any) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        generated = len(future.result().token_ids)
+        self.turns += 1
+        self.tokens += generated
+        self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated", refresh=False)
+        self._bar.update(generated)
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

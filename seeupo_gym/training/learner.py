@@ -118,6 +118,10 @@ class LLMLearner:
     `PER_ROW_MIN_TOKENS` on CPU, see the module doc).
     """
 
+    # A packed sequence is never cut across micro-batches and `minimize` sums every part's diagnostics
+    # over processes: SeeUPO may measure its ratios inside a gradient pass (`base.Learner`).
+    measures_alongside = True
+
     def __init__(
         self,
         accelerator,

@@ -27,8 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.algorithms.base import Algorithm, algorithm_class, load_plugin
-from seeupo_gym.algorithms.core import select_for_update
+from seeupo_gym.algorithms.base import Algorithm, UpdateSelection, algorithm_class, load_plugin
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import (
@@ -90,7 +89,8 @@ def build_algorithm(config: Config) -> Algorithm:
         raise ConfigError(f"algorithm: {error}{hint}") from error
     check_group_size(config, cls)
     # The options typed like the rest of the config: `algorithm.kl_coef=1e-3` is a float.
-    return cls(parse_dataclass(cls.config_class, config.algorithm.options, "algorithm"))
+    selection = UpdateSelection(truncated=config.train.truncated, drop_flat_groups=config.train.drop_flat_groups)
+    return cls(parse_dataclass(cls.config_class, config.algorithm.options, "algorithm"), selection=selection)
 
 
 def check_trackers(trackers: Sequence[str]) -> None:
@@ -313,19 +313,17 @@ class Trainer:
             record.update(staleness_metrics(batch, step - 1, prefix="rollout"))
             batch, dropped = drop_stale(batch, step - 1, cfg.max_staleness)  # never older than the bound
             record["rollout/stale_dropped"] = float(dropped)
-        batch, left_out = select_for_update(batch, truncated=cfg.truncated, drop_flat_groups=cfg.drop_flat_groups)
-        record.update({f"update/{k}": v for k, v in left_out.items()})
-        if len(batch) == 0:
+        # The algorithm leaves out what it must not learn from (never-started episodes, train.truncated,
+        # train.drop_flat_groups) and counts it in its metrics.
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
+        if not overlapped:  # an overlapped collection keeps sampling through the update
+            self._release_generation_memory()
+        metrics = self.algorithm.update(batch, self.learner, generator)
+        record.update({f"update/{k}": float(v) for k, v in metrics.items()})
+        if metrics.get("skipped_empty_batch"):
             logger.warning("step %d: no trajectories to learn from; skipping the update", step)
-            record["update/skipped_empty_batch"] = 1.0
-        else:
-            generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
-            if not overlapped:  # an overlapped collection keeps sampling through the update
-                self._release_generation_memory()
-            metrics = self.algorithm.update(batch, self.learner, generator)
-            record.update({f"update/{k}": float(v) for k, v in metrics.items()})
-            if not overlapped:
-                self.sync_weights()
+        elif not overlapped:
+            self.sync_weights()
         if overlapped:
             assert self._overlap is not None
             self._overlap.publish(step, self._weights_snapshot())
