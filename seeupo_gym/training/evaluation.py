@@ -329,9 +329,8 @@ class _TurnProgress(Backend):
         generated = sum(len(c.token_ids) for c in completions)
         self.turns += 1
         self.tokens += generated
-        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated",
-                                  refresh=False)
         self._bar.update(generated)
+        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
         return completions
 
     def update_weights(self, state_dict_or_model: Any) -> None:
