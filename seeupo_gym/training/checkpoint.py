@@ -11,8 +11,8 @@ A checkpoint `runs/<run>/checkpoints/step-N/` holds
 A folder is written as `step-N.partial` and renamed when complete, so a run killed while
 saving leaves the previous checkpoint intact.
 
-Runs never mix: a run folder holds one run, named by the run id in its `run.json`; every
-checkpoint (its own `run.json`) and every line of `metrics.jsonl` carries that id.
+Runs never mix: a run folder holds one run, named by the run id in its `run_id.json`; every
+checkpoint (its own `run_id.json`) and every line of `metrics.jsonl` carries that id.
 `open_run_folder` refuses a folder that already holds a run unless the run resumes from one of
 that run's own checkpoints.
 """
@@ -31,7 +31,7 @@ from seeupo_gym.training.config import Config, ConfigError, save_config
 CHECKPOINT_PREFIX = "step-"
 HF_FOLDER = "hf"
 ADAPTER_FOLDER = "adapter"
-RUN_FILE = "run.json"
+RUN_FILE = "run_id.json"  # not run.json: a seeupo-compare folder's own record
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_FOLDER = "checkpoints"
 # What a run writes into its folder (`clear_run_folder` removes exactly these).
@@ -43,7 +43,7 @@ def new_run_id() -> str:
 
 
 def run_id_of(folder: Path) -> str | None:
-    """The run id recorded in a run folder's or a checkpoint's `run.json` (None: none recorded)."""
+    """The run id recorded in a run folder's or a checkpoint's `run_id.json` (None: none recorded)."""
     try:
         return str(json.loads((Path(folder) / RUN_FILE).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -178,7 +178,7 @@ class TrainConfig:
 
 @dataclass
 class LogConfig:
-    # Run folder: run.json (the run id), metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    # Run folder: run_id.json (the run id), metrics.jsonl, config.yaml, checkpoints/, tracker logs.
     # It holds one run: a folder that holds another is refused unless resuming that run.
     output_dir: str = "runs/seeupo"
     # accelerate trackers ("tensorboard", "wandb", ...); [] for JSONL only.

@@ -179,7 +179,7 @@ class Trainer:
 
     def _open_run_folder(self) -> tuple[str, Path | None]:
         """The run id and the checkpoint to resume (`checkpoint.open_run_folder`, which refuses to mix
-        runs), decided by the main process and written to the folder's run.json."""
+        runs), decided by the main process and written to the folder's run_id.json."""
         from accelerate.utils import broadcast_object_list
 
         outcome: list[Any] = [None]
