@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run([str(python), "-c", CHECK_NAMESPACES], cwd=work), end="")
 
         run_dir.mkdir(exist_ok=True)
+        shutil.rmtree(run_dir / "run", ignore_errors=True)  # a folder holds one run: a rerun starts a new one
         run([str(venv / "bin" / "seeupo-train"), "--config", "tiny-turnbandit", "train.steps=1",
              "log.output_dir=run", "log.progress_bars=false"], cwd=run_dir)
         checkpoint = run_dir / "run" / "checkpoints" / "step-1"

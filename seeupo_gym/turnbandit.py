@@ -11,6 +11,11 @@ Variants (kwarg `variant`):
 - `mixed` (default): even task indices climbing, odd ones random.
 - `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
+- `capital`: the smoke test of a training loop, learnable by a random-init model; T=2 (the
+  `turns` kwarg), every response is valid and chooses "A) starts with a capital letter"
+  (its first non-space character is A-Z) or "B) anything else"; the reward is the fraction of
+  turns on which A was chosen. About 17% of the Qwen2 vocabulary starts with a capital, so the
+  first token of a random model earns reward often enough for RL to raise it (`--config smoke`).
 - `follow`: instruction following for small LLMs; T=2, K=3; every step names the option to pick
   ("Pick option B."; a task names distinct options while T <= K), the reward is the fraction of
   turns on which it was picked. The untrained 0.5B model follows greedily but samples the named
@@ -58,7 +63,7 @@ from seeupo_gym.tools import assistant_message, function_schema, parse_tool_resp
 from seeupo_gym.tools import tool_parser as find_tool_parser
 
 LABELS = "ABCDEFGH"
-VARIANTS = ("mixed", "climbing", "random", "easy", "follow")
+VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital")
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
 ACTION_FORMATS = ("react", "tools")
@@ -208,6 +213,18 @@ def _follow_task(task_id: str, rng: random.Random, turns: int, options: int) -> 
     return BanditTask(task_id, "follow", goal, options_text, _per_turn_rewards(named, options), instructions)
 
 
+def _capital_task(task_id: str, rng: random.Random, turns: int) -> BanditTask:
+    options = tuple(("starts with a capital letter", "anything else") for _ in range(turns))
+    return BanditTask(task_id, "capital", "Start every answer with a capital letter.", options,
+                      _per_turn_rewards([0] * turns, 2))
+
+
+def _capital_choice(action: str) -> int:
+    """`capital`: every response chooses; A (0) when its first non-space character is A-Z."""
+    first = action.strip()[:1]
+    return 0 if first.isascii() and first.isupper() else 1
+
+
 def _optimum_range(optimum: float | tuple[float, float]) -> tuple[float, float]:
     low, high = (optimum, optimum) if isinstance(optimum, (int, float)) else tuple(optimum)
     if not 0 < low <= high <= 1:
@@ -245,6 +262,8 @@ def make_tasks(
             task = _easy_task(task_id, rng, rng.randint(low, high), options, hint)
         elif variant == "follow":
             task = _follow_task(task_id, rng, rng.randint(low, high), options)
+        elif variant == "capital":
+            task = _capital_task(task_id, rng, rng.randint(low, high))
         else:
             kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
             make = _climbing_task if kind == "climbing" else _random_task
@@ -315,7 +334,9 @@ class TurnBanditEnv(gym.Env[str, str]):
         find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
         self.action_format = action_format
         self.tool_parser = tool_parser
-        if variant in ("easy", "follow"):
+        if variant == "capital":
+            options = 2  # its two options are fixed
+        if variant in ("easy", "follow", "capital"):
             turns = turns or (2, 2)
             options = options or (2 if variant == "easy" else 3)
         self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum)
@@ -413,7 +434,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             if not parsed.think_closed:
                 problem = "the <think> block was never closed"
             else:
-                choice = parse_choice(parsed.action, options)
+                choice = _capital_choice(parsed.action) if self.task.kind == "capital" else parse_choice(parsed.action, options)
                 if choice is None:
                     problem = f"{_shown(parsed.action)} names none of the options"
         if call is not None:
@@ -458,7 +479,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         label = parsed.calls[0].arguments["label"]
         if _UNPRINTABLE.search(label):  # JSON escapes can smuggle in what the text checks refuse
             return None, "the label contains binary data (control characters or lone surrogates)", None
-        choice = parse_choice(label, options)
+        choice = _capital_choice(label) if self.task.kind == "capital" else parse_choice(label, options)
         return choice, "" if choice is not None else f"{TOOL_NAME}(label={_shown(label)}) names none of the options", message
 
     def _info(self, turn: int, action_error: str) -> dict[str, Any]:

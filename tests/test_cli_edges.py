@@ -114,4 +114,4 @@ def test_seeupo_eval_without_a_config_bounds_responses_and_says_so(monkeypatch, 
 def test_seeupo_eval_progress_moves_every_turn(capsys):
     assert cli.eval_main(["--model", "tiny", "--max-new-tokens", "2", *TURNBANDIT]) == 0
     err = capsys.readouterr().err
-    assert "at most 2 new tokens per turn" in err and "turn 1 (1 episodes)" in err
+    assert "at most 2 new tokens per turn" in err and "2 tokens generated" in err  # moves per response

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -24,11 +25,14 @@ def test_resume_after_step_1_reproduces_step_2_metrics_and_weights(tmp_path, alg
     assert [p.name for p in saved] == ["step-1", "step-2"]
 
     # A fresh process's view: new trainer, new model from scratch, state only from the step-1 checkpoint.
-    # Its run folder holds a record of a step 2 that the "killed" run logged after the checkpoint.
+    # The run folder of a run killed after logging step 2 but before its step-2 checkpoint.
     resumed_dir = tmp_path / "b" / "run"
-    resumed_dir.mkdir(parents=True)
-    (resumed_dir / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2, "lost": 1}) + "\n")
-    resumed = tiny_config(tmp_path / "b", f"algorithm.name={algorithm}", "train.steps=2", f"resume_from={saved[0]}",
+    shutil.copytree(tmp_path / "a" / "run", resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step-2")
+    lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "lost": 1})
+    (resumed_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = tiny_config(tmp_path / "b", f"algorithm.name={algorithm}", "train.steps=2", "resume_from=latest",
                           "env.kwargs={max_turns: 1}")
     with Trainer(resumed) as trainer:
         assert trainer.state.step == 1

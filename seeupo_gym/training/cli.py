@@ -1,7 +1,10 @@
 """The command lines: `seeupo-train`, `seeupo-eval` and `seeupo-export`.
 
+    seeupo-train --config smoke                                      # the tiny model learns on CPU in ~a minute
     seeupo-train --config tiny-cpu                                   # a preset name or a YAML path
-    seeupo-train --config tiny-cpu algorithm.name=grpo train.steps=5
+    seeupo-train --config tiny-cpu --config mine.yaml train.steps=5  # files merge in order, overrides last
+    seeupo-train --config smoke --out runs/smoke-2                   # a new run needs a folder without a run
+    seeupo-train --config smoke train.steps=30 --resume latest       # continue the run in runs/smoke
     seeupo-train --config bfcl-seeupo --plugin my_algo.py algorithm.name=my_algo
     accelerate launch --num_processes 2 -m seeupo_gym.training.cli --config tiny-cpu
 
@@ -85,10 +88,12 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="seeupo-train",
         description="Train an LLM agent with PPO, GRPO, GSPO, SeeUPO or a plug-in algorithm.",
     )
-    parser.add_argument("--config", help="a preset name (tiny-cpu, tiny-turnbandit, demo, ...) or a YAML file; "
-                        "defaults apply without one")
+    parser.add_argument("--config", action="append", help="a preset name (smoke, tiny-cpu, demo, ...) or a YAML "
+                        "file; repeat to merge several, a later one winning; defaults apply without one")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
-    parser.add_argument("--resume", help="checkpoint folder, or 'latest' (the newest under log.output_dir)")
+    parser.add_argument("--out", help="the run's folder (log.output_dir); it must hold no other run")
+    parser.add_argument("--resume", help="'latest' (the newest checkpoint of the run in the run folder), or a checkpoint "
+                        "folder of that run (in a folder without a run: a new run starting from it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
     return parser.parse_args(argv)
@@ -103,6 +108,8 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         config.plugins = config.plugins + args.plugin
+        if args.out:
+            config.log.output_dir = args.out
         if args.print_config:
             import yaml
 
@@ -129,16 +136,16 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 def resolve_config(
-    config_path: str | None, checkpoint: str | None, overrides: Sequence[str]
+    config_paths: Sequence[str] | str | None, checkpoint: str | None, overrides: Sequence[str]
 ) -> Config:
-    """Defaults < checkpoint's config.yaml (or --config) < dotted overrides."""
+    """Defaults < checkpoint's config.yaml (or the --config files, merged in order) < dotted overrides."""
     if checkpoint is not None:
         saved = Path(checkpoint) / "config.yaml"
         if not Path(checkpoint).is_dir():
             raise ConfigError(f"checkpoint {checkpoint!r} is not a folder (expected e.g. runs/x/checkpoints/step-10)")
-        if config_path is None and saved.is_file():
-            config_path = str(saved)
-    config = load_config(config_path, overrides)
+        if not config_paths and saved.is_file():
+            config_paths = str(saved)
+    config = load_config(config_paths, overrides)
     # A checkpoint's config may carry resume_from; evaluation never resumes training.
     config.resume_from = None
     return config
@@ -151,7 +158,8 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     source = parser.add_argument_group("what to evaluate")
     source.add_argument("--checkpoint", help="a trainer checkpoint folder (runs/<run>/checkpoints/step-N)")
-    source.add_argument("--config", help="a preset name or a YAML trainer config (model / env / sampling settings)")
+    source.add_argument("--config", action="append", help="a preset name or a YAML trainer config (model / env / "
+                        "sampling settings); repeat to merge several, a later one winning")
     source.add_argument("--model", help="'embedded', 'tiny', a Hugging Face id or a local path (model.name_or_path)")
     source.add_argument("--env", help="env id, e.g. seeupo/TurnBandit-v0 (env.id)")
     source.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON merged into env.kwargs, e.g. '{\"split\": \"test\"}'")
@@ -264,6 +272,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(f"seeupo-eval: {config.model.name_or_path}{' @ ' + args.checkpoint if args.checkpoint else ''} on "
               f"{config.env.id}: {len(tasks)} tasks x {n} rollouts, at most {max_new_tokens} new tokens per turn "
               "(--max-new-tokens)", file=sys.stderr)
+        on_cpu = False  # a served model: the server's hardware, not ours
         if args.base_url is not None:
             backend, tokenizer = _server_backend(args, config.model.name_or_path)
         else:
@@ -271,6 +280,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 
             model, tokenizer = load_policy(config, args.checkpoint)
             backend = HFBackend(model, tokenizer)
+            on_cpu = _warn_if_long(model, len(tasks) * n, env_kwargs, max_new_tokens)
     except ConfigError as error:
         print(f"seeupo-eval: {error}", file=sys.stderr)
         return 2
@@ -296,6 +306,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
         keep_rollouts=bool(args.rollouts or args.export_bfcl),
         agent_options=agent_options(config.env),
+        warn_slow="seeupo-eval" if on_cpu else None,
     )
     result.model = config.model.name_or_path
     result.checkpoint = args.checkpoint
@@ -323,6 +334,24 @@ def eval_main(argv: list[str] | None = None) -> int:
         if args.protocol == "paper":
             print(paper_table(result))
     return 0
+
+
+def _warn_if_long(model: Any, episodes: int, env_kwargs: dict, max_new_tokens: int) -> bool:
+    """Print the token-budget warning when it applies; returns whether the model runs on a CPU."""
+    from seeupo_gym.training.evaluation import cpu_tokens_per_second, episode_turns, long_run_warning, token_budget
+
+    parameters = sum(p.numel() for p in model.parameters())
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    warning = long_run_warning(
+        "seeupo-eval",
+        token_budget(episodes, episode_turns(env_kwargs), max_new_tokens),
+        cpu_tokens_per_second(parameters),
+        on_cpu=on_cpu,
+        hint="fewer tasks (--max-tasks), rollouts (-n, -k), turns (env max_turns) or tokens (--max-new-tokens) shorten it",
+    )
+    if warning:
+        print(warning, file=sys.stderr)
+    return on_cpu
 
 
 def _server_backend(args: argparse.Namespace, model: str) -> tuple[Any, Any]:

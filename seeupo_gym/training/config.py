@@ -1,5 +1,8 @@
 """Training configuration: YAML files and `key=value` overrides -> typed dataclasses.
 
+A file may start from a preset or another file (`extends: tiny-cpu`, or a list); several files
+merge in order, mappings key by key and any other value replaced by the later file.
+
 Every field is documented with its default; the defaults are the paper's (lr 1e-6, 32 tasks
 x 8 rollouts per step, clip 0.2, KL 0.002, 10 turns). Small-model presets in `presets/`
 override them explicitly. The dataclasses are the schema: YAML is read with YAML 1.2's float
@@ -196,7 +199,8 @@ class TrainConfig:
 
 @dataclass
 class LogConfig:
-    # Run folder: metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    # Run folder: run_id.json (the run id), metrics.jsonl, config.yaml, checkpoints/, tracker logs.
+    # It holds one run: a folder that holds another is refused unless resuming that run.
     output_dir: str = "runs/seeupo"
     # accelerate trackers ("tensorboard", "wandb", ...); [] for JSONL only.
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -226,7 +230,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     # Python files (or dotted modules) that register user algorithms.
     plugins: list[str] = field(default_factory=list)
-    # Checkpoint folder to resume from, or "latest" (the newest under log.output_dir/checkpoints).
+    # "latest" (the newest checkpoint of the run in log.output_dir), or a checkpoint folder: of the run
+    # in log.output_dir, or of any run when log.output_dir holds none (a new run starting from it).
     resume_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,23 +280,69 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Read a YAML file or a preset (or start from the defaults) and apply `dotted.key=value` overrides."""
+ConfigPaths = typing.Union[str, Path, Sequence[typing.Union[str, Path]], None]
+
+
+def load_config(paths: ConfigPaths = None, overrides: Sequence[str] = ()) -> Config:
+    """Read YAML files or presets (or start from the defaults) and apply `dotted.key=value` overrides.
+
+    Several files merge in order, a later one winning key by key (`load_raw_config`)."""
+    return config_from_dict(load_raw_config(paths, overrides))
+
+
+def load_raw_config(paths: ConfigPaths = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The merged mapping of `paths` (each a YAML file or a preset, with its `extends:` chain), then
+    the overrides; not yet validated. Mappings merge key by key, every other value (lists too) is replaced."""
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
     raw: dict[str, Any] = {}
-    if path is not None:
-        file = resolve_config_path(path)
-        try:
-            loaded = parse_yaml(file.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
-        raw = loaded
+    for path in paths:
+        raw = merge_configs(raw, _read_config_file(path, chain=()))
     for override in overrides:
         apply_override(raw, override)
-    return config_from_dict(raw)
+    return raw
+
+
+def merge_configs(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: nested mappings merge, any other value of `over` replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_configs(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_config_file(path: str | Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One YAML file with its `extends: PRESET_OR_FILE` (or a list of them) merged underneath."""
+    file = resolve_config_path(path)
+    if file.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, file.resolve()))
+        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+    try:
+        loaded = parse_yaml(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
+    parents = loaded.pop("extends", None)
+    if parents is None:
+        return loaded
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(f"config file {str(path)!r}: extends must be a preset name, a file, or a list of them, got {parents!r}")
+    raw: dict[str, Any] = {}
+    for parent in parents:
+        # A relative file is found beside the file that extends it; a bare name may be a preset.
+        beside = file.parent / parent
+        raw = merge_configs(raw, _read_config_file(beside if beside.is_file() else parent, (*chain, file.resolve())))
+    return merge_configs(raw, loaded)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -421,6 +472,15 @@ def _check_values(config: Config) -> None:
     positive("train.steps", config.train.steps)
     positive("train.tasks_per_step", config.train.tasks_per_step)
     positive("train.group_size", config.train.group_size)
+    if config.train.group_size < 2:
+        from seeupo_gym.algorithms.base import algorithm_class
+
+        try:
+            check_group_size(config, algorithm_class(config.algorithm.name))
+        except ValueError as error:
+            if isinstance(error, ConfigError):
+                raise
+            # A plug-in's algorithm, not loaded yet: the trainer checks it once it is.
     positive("optim.lr", config.optim.lr)
     positive("optim.value_lr", config.optim.value_lr)
     positive("sampling.max_new_tokens", config.sampling.max_new_tokens)
@@ -474,6 +534,17 @@ def _check_logprob_temperature(config: Config) -> None:
         raise ConfigError(f"{message}: with train.max_staleness > 0 the importance weights would compare two "
                           "distributions; leave sampling.logprob_temperature null (the sampling temperature)")
     logger.warning("%s: the learner trains another distribution than the one that sampled", message)
+
+
+def check_group_size(config: Config, algorithm: type) -> None:
+    """Refuse a group of one for an algorithm whose baseline is its group (all but a value-model one)."""
+    if config.train.group_size < 2 and not getattr(algorithm, "needs_value_model", False):
+        raise ConfigError(
+            f"train.group_size is {config.train.group_size}; {config.algorithm.name} compares each rollout with "
+            "the other rollouts of its task, so it needs at least 2 per task (a group of one has no baseline: its "
+            "advantage is its raw reward, plain REINFORCE, not the algorithm); use 2 or more, or an algorithm "
+            "with a value model (ppo)"
+        )
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -22,6 +23,61 @@ from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summar
 logger = logging.getLogger(__name__)
 
 DEFAULT_CATEGORY = "all"
+
+# --------------------------------------------------------------------------- how long it may take
+
+# Tokens a CPU process generates per second, times the model's parameter count: the embedded
+# 0.5B model decodes ~0.9 token per CPU-second, the tiny one ~30 (its 152k-entry LM head
+# dominates), both measured by scripts/bench_rollout.py; 3e8 / parameters errs on the slow side.
+CPU_TOKEN_RATE = 3e8
+# Parameters of the named models, to estimate before loading them.
+KNOWN_PARAMETERS = {"tiny": 9.8e6, "embedded": 4.94e8}
+# A run estimated past this many seconds on a CPU gets a one-line warning.
+LONG_RUN_S = 600.0
+# Turns per episode when the env kwargs do not say (the envs' own default).
+DEFAULT_MAX_TURNS = 10
+
+
+def token_budget(episodes: int, max_turns: int, max_new_tokens: int) -> int:
+    """The most tokens `episodes` episodes can generate: every turn uses its whole budget."""
+    return episodes * max_turns * max_new_tokens
+
+
+def episode_turns(env_kwargs: dict[str, Any]) -> int:
+    turns = env_kwargs.get("max_turns")
+    return turns if isinstance(turns, int) and turns > 0 else DEFAULT_MAX_TURNS
+
+
+def cpu_tokens_per_second(parameters: float) -> float:
+    return CPU_TOKEN_RATE / max(parameters, 1.0)
+
+
+def long_run_warning(what: str, tokens: int, tokens_per_second: float, *, on_cpu: bool, hint: str) -> str | None:
+    """One line when generating `tokens` at `tokens_per_second` on a CPU may pass LONG_RUN_S; else None."""
+    seconds = tokens / tokens_per_second
+    if not on_cpu or seconds <= LONG_RUN_S:
+        return None
+    return (f"{what}: warning: up to ~{_duration(seconds)} on this CPU ({tokens:,} tokens at most, if every turn "
+            f"uses its whole budget, at ~{tokens_per_second:.3g} tokens/s); {hint}")
+
+
+def pace_warning(what: str, done: int, total: int, elapsed_s: float) -> str | None:
+    """One line when the tasks left, at the pace of the `done` first ones, may pass LONG_RUN_S; else None.
+    A measured estimate, unlike the token-budget bound (most responses end before their budget)."""
+    if done <= 0 or done >= total:
+        return None
+    left = elapsed_s / done * (total - done)
+    if left <= LONG_RUN_S:
+        return None
+    return f"{what}: warning: at the pace of the first {done} of {total} tasks, about {_duration(left)} more"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 @dataclass
@@ -135,13 +191,15 @@ def evaluate_policy(
     keep_rollouts: bool = False,
     desc: str = "eval",
     agent_options: dict[str, Any] | None = None,
+    warn_slow: str | None = None,
 ) -> EvalResult:
     """n rollouts of every task with `backend` (a `agents.backends` Backend); avg@k and pass@k.
 
     Tasks are collected in chunks of about four env-loads of episodes so a progress bar can
     move; a chunk's seed is derived from (seed, chunk index), so the same arguments give the
     same rollouts. `agent_options`: more VectorAgent keyword arguments (vectorization, schedule,
-    workers, url, worker_options; `training.tasks.agent_options` of a config).
+    workers, url, worker_options; `training.tasks.agent_options` of a config). `warn_slow`: a
+    program name; after the first chunk, a `pace_warning` under that name when the rest looks long.
     """
     from tqdm.auto import tqdm
 
@@ -185,8 +243,20 @@ def evaluate_policy(
                     }
                 )
 
-    bar = tqdm(total=len(tasks) * n, desc=desc, unit="episode", disable=not progress, leave=False)
-    if getattr(backend, "mode", None) == "chat":  # a model behind a chat API: messages, not tokens
+    def after_chunk(index: int, done: int) -> None:
+        bar.set_postfix_str(f"{done}/{len(tasks)} tasks done")
+        warning = pace_warning(warn_slow, done, len(tasks), time.perf_counter() - started) if warn_slow and index == 0 else None
+        if warning:
+            tqdm.write(warning, file=sys.stderr)
+
+    chat = getattr(backend, "mode", None) == "chat"
+    # Token backends: the bar counts tokens against the budget, so it moves every turn and its ETA
+    # (the budget left at the pace so far) bounds the time left; the unused budget of episodes that
+    # ended early is counted when their chunk ends. Chat backends: episodes.
+    per_episode = 1 if chat else token_budget(1, episode_turns(env_kwargs), max_new_tokens)
+    bar = tqdm(total=len(tasks) * n * per_episode, desc=desc, unit="episode" if chat else "tok", unit_scale=not chat,
+               disable=not progress, leave=False, dynamic_ncols=True)
+    if chat:  # a model behind a chat API: messages, not tokens
         from seeupo_gym.agents.chat_agent import collect_chat
 
         replies = 0
@@ -202,6 +272,7 @@ def evaluate_policy(
                 record(collect_chat(backend, env_id, part, n, seed=derive_seed(seed, index), sampling=sampling,
                                     env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn))
                 bar.update(len(part) * n)
+                after_chunk(index, begin + len(part))
     else:
         with bar, VectorAgent(
             env_id,
@@ -217,7 +288,8 @@ def evaluate_policy(
                 part = tasks[begin : begin + chunk]
                 record(agent.collect(part, n, seed=derive_seed(seed, index)))
                 tokens += agent.last_stats.generated_tokens
-                bar.update(len(part) * n)
+                bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
+                after_chunk(index, begin + len(part))
     if backend_errors:
         logger.warning("%d of %d episodes ended because the model server did not answer usably (counted as failures)",
                        backend_errors, len(outcomes))
@@ -239,7 +311,7 @@ def evaluate_policy(
 
 
 class _TurnProgress(Backend):
-    """A backend that reports each generate call (one turn of every running episode) on a bar.
+    """A backend that counts each response's tokens (one turn of an episode) on a bar.
 
     Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
     still for minutes on a slow model.
@@ -254,8 +326,10 @@ class _TurnProgress(Backend):
 
     def generate(self, prompts: Any, sampling: Any) -> Any:
         completions = self._backend.generate(prompts, sampling)
+        generated = sum(len(c.token_ids) for c in completions)
         self.turns += 1
-        self.tokens += sum(len(c.token_ids) for c in completions)
+        self.tokens += generated
+        self._bar.update(generated)
         self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
         return completions
 
@@ -277,9 +351,11 @@ class _TurnProgress(Backend):
     def _count(self, future: Any) -> None:
         if future.cancelled() or future.exception() is not None:
             return
+        generated = len(future.result().token_ids)
         self.turns += 1
-        self.tokens += len(future.result().token_ids)
+        self.tokens += generated
         self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated", refresh=False)
+        self._bar.update(generated)
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

@@ -30,7 +30,15 @@ from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, UpdateSelection, algorithm_class, load_plugin
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
-from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config, parse_dataclass, save_config
+from seeupo_gym.training.config import (
+    Config,
+    ConfigError,
+    check_group_size,
+    config_from_dict,
+    load_config,
+    parse_dataclass,
+    save_config,
+)
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.rollouts import RolloutLog
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
@@ -49,13 +57,15 @@ class TrainerState:
 
     step: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    run_id: str | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "config": self.config}
+        return {"step": self.step, "config": self.config, "run_id": self.run_id}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.config = dict(state.get("config", {}))
+        self.run_id = state.get("run_id")
 
 
 def _as_config(config: Config | dict[str, Any] | str | Path) -> Config:
@@ -78,6 +88,7 @@ def build_algorithm(config: Config) -> Algorithm:
     except ValueError as error:
         hint = " (an algorithm of your own: load the file that registers it with --plugin FILE, or list it under plugins:)"
         raise ConfigError(f"algorithm: {error}{hint}") from error
+    check_group_size(config, cls)
     # The options typed like the rest of the config: `algorithm.kl_coef=1e-3` is a float.
     selection = UpdateSelection(truncated=config.train.truncated, drop_flat_groups=config.train.drop_flat_groups)
     return cls(parse_dataclass(cls.config_class, config.algorithm.options, "algorithm"), selection=selection)
@@ -141,6 +152,7 @@ class Trainer:
             logger.info("accelerate: %s, %d process(es), device %s", accelerator.distributed_type,
                         accelerator.num_processes, accelerator.device)
         set_seed(config.train.seed)
+        run_id, self._resume_path = self._open_run_folder()
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             save_config(config, self.output_dir / "config.yaml")
@@ -151,7 +163,7 @@ class Trainer:
 
         policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
-        self.state = TrainerState(step=0, config=config.to_dict())
+        self.state = TrainerState(step=0, config=config.to_dict(), run_id=run_id)
         accelerator.register_for_checkpointing(self.state)
         if self.algorithm.state_dict():  # e.g. the adaptive KL coefficient of use_kl_in_reward
             accelerator.register_for_checkpointing(self.algorithm)
@@ -162,10 +174,33 @@ class Trainer:
         self.agent = self._make_agent(env.kwargs)
         self.last_env_errors = 0
         self._overlap: OverlappedCollection | None = None  # train.max_staleness > 0: started at the first step
-        self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.metrics_path = self.output_dir / ckpt.METRICS_FILE
         self.rollout_log = RolloutLog(self.output_dir, self.tokenizer) if self.is_main and config.log.rollouts else None
-        if config.resume_from is not None:
-            self.resume(config.resume_from)
+        if self._resume_path is not None:
+            self.resume(self._resume_path)
+        elif config.resume_from is not None:
+            logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
+
+    def _open_run_folder(self) -> tuple[str, Path | None]:
+        """The run id and the checkpoint to resume (`checkpoint.open_run_folder`, which refuses to mix
+        runs), decided by the main process and written to the folder's run_id.json."""
+        from accelerate.utils import broadcast_object_list
+
+        outcome: list[Any] = [None]
+        if self.is_main:
+            try:
+                run_id, path = ckpt.open_run_folder(self.output_dir, self.config.resume_from)
+                previous = ckpt.run_id_of(path) if path is not None else None
+                ckpt.write_run_file(self.output_dir, run_id, **({"forked_from": str(path)} if previous not in (None, run_id) else {}))
+                outcome = [(run_id, None if path is None else str(path))]
+            except ConfigError as error:
+                outcome = [error]
+        if self.accelerator.num_processes > 1:
+            outcome = broadcast_object_list(outcome)
+        if isinstance(outcome[0], ConfigError):
+            raise outcome[0]
+        run_id, path = outcome[0]
+        return run_id, None if path is None else Path(path)
 
     # ------------------------------------------------------------------ construction
 
@@ -419,27 +454,26 @@ class Trainer:
             self.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
         if self.is_main:
             with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({**record, "run_id": self.state.run_id}) + "\n")
 
     # ------------------------------------------------------------------ checkpoints
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.output_dir / "checkpoints"
+        return self.output_dir / ckpt.CHECKPOINTS_FOLDER
 
     def save_checkpoint(self) -> Path:
         """See `checkpoint.py`: resumable state plus a folder in Hugging Face form (peft adapters too)."""
         return ckpt.save_checkpoint(
-            self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step
+            self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step,
+            run_id=self.state.run_id,
         )
 
-    def resume(self, where: str) -> None:
-        """Load a checkpoint folder, or the newest one under the run folder for "latest"."""
-        path = ckpt.find_checkpoint(self.checkpoint_root, where)
-        if path is None:
-            logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
-            return
+    def resume(self, path: Path) -> None:
+        """Load a checkpoint folder (chosen and checked by `_open_run_folder`); the run keeps its own id."""
+        run_id = self.state.run_id
         ckpt.load_checkpoint(self.accelerator, path)
+        self.state.run_id = run_id
         self.sync_weights()
         saved_algorithm = self.state.config.get("algorithm", {}).get("name")
         if saved_algorithm and saved_algorithm != self.algorithm.name:

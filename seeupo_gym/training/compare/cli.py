@@ -14,6 +14,7 @@ import json
 import logging
 import shlex
 import sys
+from typing import Any
 
 from seeupo_gym.training.compare.plan import (
     EvalPlan,
@@ -32,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="seeupo-compare",
         description="Train several algorithms on the same env, model, seeds and budget; write a report with curves.",
     )
-    parser.add_argument("--config", help="a preset name (e.g. demo, tiny-cpu) or a YAML file; shared by every run")
+    parser.add_argument("--config", action="append", help="a preset name (e.g. demo, smoke) or a YAML file; shared by "
+                        "every run; repeat to merge several, a later one winning")
     parser.add_argument("--algorithms", default="seeupo,grpo",
                         help="comma-separated registered names, or label=name pairs (default seeupo,grpo)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL.key=value",
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = ", ".join(f"{r.label}/seed-{r.seed}" for r in plan.runs)
     print(f"seeupo-compare: {len(plan.runs)} run(s) ({runs}), {len(plan.eval_tasks)} eval tasks -> {plan.output_dir}",
           file=sys.stderr)
+    warning = long_compare_warning(plan)
+    if warning:
+        print(warning, file=sys.stderr)
     command = "seeupo-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     from seeupo_gym.training.compare.run import run_all
 
@@ -111,6 +116,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"curves: {folder / 'curves.png'}")
     return 0
 
+
+
+def long_compare_warning(plan: Any) -> str | None:
+    """`evaluation.long_run_warning` for a plan, on a machine without CUDA, for a model of known size."""
+    import torch
+
+    from seeupo_gym.training.compare.plan import plan_token_budget
+    from seeupo_gym.training.evaluation import KNOWN_PARAMETERS, cpu_tokens_per_second, long_run_warning
+
+    parameters = KNOWN_PARAMETERS.get(plan.runs[0].config.model.name_or_path)
+    if parameters is None:  # a model of unknown size: no estimate before loading it
+        return None
+    return long_run_warning(
+        "seeupo-compare", plan_token_budget(plan), cpu_tokens_per_second(parameters),
+        on_cpu=not torch.cuda.is_available(),
+        hint="fewer steps, tasks per step, group size, seeds, eval tasks or tokens (sampling.max_new_tokens) shorten it",
+    )
 
 
 if __name__ == "__main__":

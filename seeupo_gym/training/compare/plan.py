@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from seeupo_gym.training.config import (
     Config,
     ConfigError,
-    apply_override,
+    ConfigPaths,
     config_from_dict,
+    load_raw_config,
     parse_yaml,
-    resolve_config_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,6 +62,21 @@ class ComparePlan:
     save_checkpoints: bool = False
 
 
+def plan_token_budget(plan: ComparePlan) -> int:
+    """The most tokens a comparison generates: every run's training rollouts and evaluations, each
+    turn using its whole budget (`evaluation.token_budget`)."""
+    from seeupo_gym.training.evaluation import episode_turns, token_budget
+
+    total = 0
+    for run in plan.runs:
+        config = run.config
+        evals = len(eval_steps(config.train.steps, plan.eval.every, plan.eval.at_start))
+        episodes = config.train.steps * config.train.tasks_per_step * config.train.group_size
+        episodes += evals * len(plan.eval_tasks) * (plan.eval.n or plan.eval.k)
+        total += token_budget(episodes, episode_turns(config.env.kwargs), config.sampling.max_new_tokens)
+    return total
+
+
 def parse_algorithms(text: str) -> dict[str, str]:
     """`seeupo,grpo,natural=seeupo` -> {label: registered name}."""
     pairs: dict[str, str] = {}
@@ -102,23 +115,12 @@ def parse_sets(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     return options
 
 
-def load_raw(path: str | None, overrides: Sequence[str]) -> dict[str, Any]:
-    """The shared config as a plain mapping (a YAML file or a preset name, then overrides).
+def load_raw(paths: ConfigPaths, overrides: Sequence[str]) -> dict[str, Any]:
+    """The shared config as a plain mapping (YAML files or preset names, merged in order, then overrides).
 
     Kept raw rather than typed: each run rewrites its `algorithm` section before validation.
     """
-    raw: dict[str, Any] = {}
-    if path is not None:
-        file = resolve_config_path(path)
-        try:
-            raw = parse_yaml(file.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path!r} is not valid YAML: {error}") from error
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path!r} must hold a mapping at the top")
-    for override in overrides:
-        apply_override(raw, override)
-    return raw
+    return load_raw_config(paths, overrides)
 
 
 def algorithm_options(name: str, shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

@@ -7,20 +7,28 @@ from typing import Any, Sequence
 
 from seeupo_gym.training.compare.stats import collect_series
 
+# One marker and line style per label beside its colour: curves that coincide stay visible.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
 
-def plot_curves(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, path: Path, title: str) -> None:
-    """Two panels: training reward and eval avg@k versus step; mean over seeds, min-max band."""
+
+def curves_figure(
+    records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, title: str, eval_tasks: str = "eval tasks"
+) -> Any:
+    """Two panels: training reward and eval avg@k versus step; mean over seeds, min-max band.
+    `eval_tasks` says which tasks the eval panel scores (e.g. "training tasks", "held-out tasks")."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = [
         ("rollout/reward_mean", "training reward (mean over the step's rollouts)"),
-        (f"eval/avg@{k}", f"eval avg@{k} (held-out tasks, {k} rollouts each)"),
+        (f"eval/avg@{k}", f"eval avg@{k} on {eval_tasks} ({k} rollouts each)"),
     ]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = plt.get_cmap("tab10").colors
     for axis, (key, ylabel) in zip(axes, panels):
         series = collect_series(records, key)
         for i, label in enumerate(labels):
@@ -31,15 +39,28 @@ def plot_curves(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int
             low, high = s.low_high()
             seeds = max(len(v) for v in s.points.values())
             color = colors[i % len(colors)]
-            axis.plot(steps, mean, marker="o", markersize=3, color=color,
+            axis.plot(steps, mean, color=color, marker=MARKERS[i % len(MARKERS)], markersize=5,
+                      linestyle=LINESTYLES[i % len(LINESTYLES)], fillstyle="none" if i % 2 else "full",
                       label=f"{label} (n={seeds} seed{'s' if seeds > 1 else ''})")
             if seeds > 1:
                 axis.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         axis.set_xlabel("training step")
         axis.set_ylabel(ylabel)
         axis.set_ylim(-0.02, 1.02)
         axis.grid(alpha=0.3)
         axis.legend(loc="best", fontsize=8)
     figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def plot_curves(
+    records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, path: Path, title: str,
+    eval_tasks: str = "eval tasks",
+) -> None:
+    """`curves_figure` written to `path`."""
+    import matplotlib.pyplot as plt
+
+    figure = curves_figure(records, labels, k, title, eval_tasks)
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -166,7 +166,8 @@ def write_report(folder: str | Path) -> Path:
     env, train, sampling, model = config["env"], config["train"], config["sampling"], config["model"]
     title = (f"{model['name_or_path']}{' + LoRA' if model.get('lora') else ''} on {env['id']} "
              f"{_kwargs_text(env['kwargs'])}: {', '.join(labels)}")
-    plot_curves(records, labels, k, folder / "curves.png", title)
+    plot_curves(records, labels, k, folder / "curves.png", title, eval_tasks_text(info))
+    flat = flat_reward(records, k)
 
     wall = info.get("wall_seconds")
     failures = info.get("failures") or {}
@@ -191,9 +192,9 @@ def write_report(folder: str | Path) -> Path:
         "",
         *([f"**Interrupted before the end**: partial results; {', '.join(incomplete)}. The rows below are "
            "what each run reached.", ""] if wall is None or incomplete else []),
-        final_table(rows, k),
+        *([_flat_text(flat)] if flat is not None else [final_table(rows, k)]),
         "",
-        f"Means over seeds (± sd when there are several). *Train reward*: the mean reward of the step's "
+        f"Evaluated on {eval_tasks_text(info)}. Means over seeds (± sd when there are several). *Train reward*: the mean reward of the step's "
         f"rollouts, averaged over the first / last {_window_text(train['steps'])} of the run. *avg@{k}*: mean task score "
         f"over {info['eval']['n']} sampled rollouts per eval task; *pass@{k}*: the unbiased chance that at least one "
         f"of {k} rollouts succeeds. *s / train step*: wall time of rollout + update. Best per column in **bold**.",
@@ -235,10 +236,42 @@ def write_report(folder: str | Path) -> Path:
         "",
     ]
     (folder / "report.md").write_text("\n".join(lines))
-    summary = {"k": k, "wall_seconds": wall, "failures": failures,
+    summary = {"k": k, "wall_seconds": wall, "failures": failures, "every_reward_equal": flat,
                "algorithms": {row.label: dataclasses.asdict(row) for row in rows}}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return folder / "report.md"
+
+
+def flat_reward(records: Sequence[dict[str, Any]], k: int) -> float | None:
+    """The one value every training reward and eval score of a comparison took, or None when they differ."""
+    values = {round(float(r[key]), 9) for r in records for key in ("rollout/reward_mean", f"eval/avg@{k}")
+              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
+    return values.pop() if len(values) == 1 else None
+
+
+def _flat_text(value: float) -> str:
+    return (f"**Every training reward and eval score of this comparison is {value:.3f}: no run got a signal to "
+            "learn from, so this comparison cannot tell the algorithms apart (no results table).** Each group's "
+            "rollouts scored alike (see `rollout/flat_group_rate` in metrics.jsonl). Give the model a task it can "
+            "score on: a stronger model, an easier env variant, longer responses, or `--config smoke` for a "
+            "setting in which the tiny model learns.")
+
+
+def eval_tasks_text(info: dict[str, Any]) -> str:
+    """Which tasks the evaluations score, relative to training: "training tasks", "held-out tasks"..."""
+    env = info["config"]["env"]
+    eval_kwargs = {**env["kwargs"], **(env.get("eval_kwargs") or {}), **(info["eval"].get("env_kwargs") or {})}
+    changed = {k: v for k, v in eval_kwargs.items() if env["kwargs"].get(k, object()) != v}
+    if changed:
+        return f"tasks of the eval env {_kwargs_text(changed)}"
+    count = len(info["eval_tasks"])
+    train = env.get("train_tasks")
+    evaluated = set(info["eval_tasks"])
+    if train is None or evaluated <= set(train):
+        return f"{count} training tasks"
+    if not evaluated & set(train):
+        return f"{count} held-out tasks"
+    return f"{count} tasks, {len(evaluated & set(train))} of them training tasks"
 
 
 def _kwargs_text(kwargs: Any) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.training.compare.plan import ComparePlan, RunSpec, eval_steps
 from seeupo_gym.training.compare.report import RUN_INFO, write_report
+from seeupo_gym.training.checkpoint import clear_run_folder
 from seeupo_gym.training.compare.stats import read_records
 
 logger = logging.getLogger(__name__)
@@ -104,8 +105,8 @@ def _run_one(
             advance(f"{name}: step {step} eval avg@{plan.eval.k} {evaluated[f'eval/avg@{plan.eval.k}']:.3f}")
 
     bar.set_postfix_str(f"{name}: loading model")
-    # A rerun into the same folder starts afresh rather than appending to old records.
-    (run.folder / "metrics.jsonl").unlink(missing_ok=True)
+    # A rerun of a comparison into its folder replaces each run (a run folder holds one run).
+    clear_run_folder(run.folder)
     trainer = Trainer(run.config)
     with trainer:
         if 0 in points:
