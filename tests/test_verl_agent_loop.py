@@ -352,3 +352,32 @@ def test_a_prompt_over_prompt_length_is_a_zero_score_sample_of_verls_width(worke
     assert output.non_tensor_batch["env_end"][0] == "prompt_length"
     assert output.batch["prompts"].shape[1] == 1000 and output.batch["attention_mask"][0, :1000].all()
     assert output.batch["rm_scores"].sum().item() == 0.0 and output.batch["response_mask"].sum().item() == 0
+
+
+def test_an_env_that_never_answers_ends_its_sample_at_the_loops_env_deadline(worker):
+    """The env is a seeupo/Remote-v0 whose server accepts connections and never answers; the loop's
+    `env_timeout_s` comes from its registry entry, as verl's agent-loop YAML gives it."""
+    import socket
+    import threading
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    threading.Timer(5.0, silent.close).start()  # then the blocked connect fails and its thread ends
+    _agent_loop_registry["seeupo_env_deadline"] = {"_target_": "seeupo_gym.integrations.verl.SeeupoAgentLoop",
+                                                   "env_timeout_s": 1.0}
+    row = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
+    row = {**row, "agent_name": "seeupo_env_deadline",
+           "extra_info": {**row["extra_info"], "env_id": "seeupo/Remote-v0",
+                          "env_kwargs": json.dumps({"url": f"http://127.0.0.1:{port}", "connect_timeout_s": 60})}}
+    start = time.monotonic()
+    try:
+        output = run_rows(worker, DishonestServer(lambda p: pytest.fail("no request without an env")), [row])
+    finally:
+        del _agent_loop_registry["seeupo_env_deadline"]
+    assert time.monotonic() - start < 30
+    assert output.non_tensor_batch["env_end"][0] == "env_error"
+    assert "took longer than 1.0 s" in output.non_tensor_batch["env_error"][0]
+    assert output.batch["rm_scores"].sum().item() == 0.0
