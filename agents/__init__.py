@@ -12,12 +12,14 @@ from typing import Any
 
 _EXPORTS = {
     "load_model": "seeupo_gym.agents.models",
+    "load_tokenizer": "seeupo_gym.agents.models",
     "response_logprobs": "seeupo_gym.agents.scoring",
     "Backend": "seeupo_gym.agents.backends.base",
     "Completion": "seeupo_gym.agents.backends.base",
     "SamplingParams": "seeupo_gym.agents.backends.base",
     "HFBackend": "seeupo_gym.agents.backends.hf",
     "VLLMBackend": "seeupo_gym.agents.backends.vllm",
+    "OpenAIBackend": "seeupo_gym.agents.backends.openai",
     "VectorAgent": "seeupo_gym.agents.vector",
     "CollectStats": "seeupo_gym.agents.vector",
 }

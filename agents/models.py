@@ -237,6 +237,18 @@ def _apply_lora(model: PreTrainedModel, lora: dict) -> PreTrainedModel:
             kwargs[full] = kwargs.pop(short)
     kwargs.setdefault("task_type", "CAUSAL_LM")
     kwargs.setdefault("target_modules", "all-linear")
+    last_layers = kwargs.pop("last_layers", None)
+    if last_layers is not None:
+        # LoRA on the last k decoder layers only (the layers below then stay frozen: the learner
+        # computes their states once per trajectory). peft takes layer indices with module names.
+        layers = model.get_decoder().layers
+        if not 1 <= last_layers <= len(layers):
+            raise ValueError(f"lora last_layers must be in [1, {len(layers)}], got {last_layers}")
+        kwargs["layers_to_transform"] = list(range(len(layers) - last_layers, len(layers)))
+        if kwargs["target_modules"] == "all-linear":
+            kwargs["target_modules"] = sorted(
+                {name.rsplit(".", 1)[-1] for name, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)}
+            )
     try:
         config = LoraConfig(**kwargs)
     except TypeError as err:
@@ -256,6 +268,7 @@ def load_model(
 
     lora: peft `LoraConfig` keyword arguments (`r`, `alpha`/`lora_alpha`, `target_modules`,
     `dropout`/`lora_dropout`, ...); when given, a `PeftModel` with a fresh adapter is returned.
+    `last_layers: k` puts the adapter on the last k decoder layers only.
     seed: only used by "tiny" (its random init).
     """
     torch_type = torch_dtype(dtype)
@@ -281,6 +294,22 @@ def load_model(
     if lora is not None:
         model = _apply_lora(model, lora)
     return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str = "embedded") -> PreTrainedTokenizerBase:
+    """The tokenizer of a model `load_model` would load, without its weights (for a model that
+    generates on a server: the agent still keeps contexts as token ids)."""
+    if name_or_path == "tiny":
+        path: str | Path = tiny_tokenizer_dir()
+    elif name_or_path == "embedded":
+        path = convert_embedded()
+    else:
+        path = name_or_path
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 import torch
+import torch.utils.checkpoint
 
 # Upper bound on logits materialized per forward (rows x L x vocab floats): ~1 GiB in fp32.
 DEFAULT_MAX_LOGIT_ELEMENTS = 1 << 28
@@ -180,23 +181,23 @@ LOGIT_CHUNK = 256
 
 
 class _LinearLogprobs(torch.autograd.Function):
-    """`log_softmax(h W^T + b)[target]` per row of h, a chunk of rows at a time in both passes.
+    """`log_softmax((h W^T + b) / T)[target]` per row of h, a chunk of rows at a time in both passes.
 
     Saves only h, W and the log-normalizers; the backward recomputes each chunk's softmax.
     """
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, chunk: int) -> torch.Tensor:
+                targets: torch.Tensor, chunk: int, temperature: float) -> torch.Tensor:
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
         for start in range(0, hidden.shape[0], chunk):
-            logits = torch.nn.functional.linear(hidden[start : start + chunk], weight, bias).float()
+            logits = _scaled(torch.nn.functional.linear(hidden[start : start + chunk], weight, bias), temperature)
             lse[start : start + chunk] = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(-1, targets[start : start + chunk, None]).squeeze(-1)
             out[start : start + chunk] = picked - lse[start : start + chunk]
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.temperature = chunk, temperature
         return out
 
     @staticmethod
@@ -208,11 +209,11 @@ class _LinearLogprobs(torch.autograd.Function):
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             h = hidden[start : start + ctx.chunk]
-            logits = torch.nn.functional.linear(h, weight, bias).float()
-            # d logp[target] / d logits = onehot(target) - softmax
+            logits = _scaled(torch.nn.functional.linear(h, weight, bias), ctx.temperature)
+            # d logp[target] / d raw logits = (onehot(target) - softmax) / T
             grad_logits = -torch.exp(logits - lse[start : start + ctx.chunk, None])
             grad_logits.scatter_add_(-1, targets[start : start + ctx.chunk, None], torch.ones_like(grad_logits[:, :1]))
-            grad_logits *= grad_out[start : start + ctx.chunk, None]
+            grad_logits *= grad_out[start : start + ctx.chunk, None] / ctx.temperature
             if need_h:
                 grad_h[start : start + ctx.chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:
@@ -220,13 +221,43 @@ class _LinearLogprobs(torch.autograd.Function):
             if need_b:
                 grad_b += grad_logits.sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
 
 
-def linear_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int = LOGIT_CHUNK) -> torch.Tensor:
-    """float32 log-probabilities of `targets` [K] under the LM head applied to `hidden` [K, H]."""
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # float32 first, then the division: the order the backends use for their recorded logprobs.
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def linear_logprobs(
+    hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int = LOGIT_CHUNK, temperature: float = 1.0
+) -> torch.Tensor:
+    """float32 log-probabilities of `targets` [K] under the LM head applied to `hidden` [K, H], with the
+    logits divided by `temperature` (the sampling temperature, as the backends record logprobs)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     bias = getattr(head, "bias", None)
-    return _LinearLogprobs.apply(hidden, head.weight, bias, targets, chunk)
+    return _LinearLogprobs.apply(hidden, head.weight, bias, targets, chunk, float(temperature))
+
+
+def linear_entropy(
+    hidden: torch.Tensor, head: torch.nn.Module, chunk: int = LOGIT_CHUNK, temperature: float = 1.0
+) -> torch.Tensor:
+    """float32 entropy of the LM head's distribution (logits / temperature, as verl) at each row of
+    `hidden` [K, H], `chunk` rows at a time; with autograd each chunk is recomputed in the backward
+    (activation checkpointing), so no more than one chunk's logits exist at once in either pass."""
+    bias = getattr(head, "bias", None)
+
+    def entropy(h: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(_scaled(torch.nn.functional.linear(h, head.weight, bias), temperature), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start : start + chunk]
+        pieces.append(torch.utils.checkpoint.checkpoint(entropy, h, use_reentrant=False) if torch.is_grad_enabled() else entropy(h))
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
 
 
 @dataclass
@@ -236,6 +267,8 @@ class PackedSequence:
     tokens: list[int]
     # (index of the sample in the caller's list, start of its response in `tokens`, its length)
     spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # The key its samples were packed under (the learner's: their trajectory).
+    key: Hashable = None
 
 
 def pack_sequences(
@@ -253,7 +286,7 @@ def pack_sequences(
         current = open_sequence.get(key)
         n = len(current.tokens) if current is not None else 0
         if current is None or len(context) < n or list(context[:n]) != current.tokens:
-            current = PackedSequence([])
+            current = PackedSequence([], key=key)
             open_sequence[key] = current
             sequences.append(current)
             n = 0
@@ -268,10 +301,14 @@ def packed_logprobs(
     *,
     head: torch.nn.Module | None = None,
     chunk: int = LOGIT_CHUNK,
-) -> torch.Tensor:
+    entropy: bool = False,
+    temperature: float = 1.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Response-token logprobs of `sequences` run as one packed row through `model` (any wrapper
     whose forward reaches the LM head, e.g. DDP / FSDP / peft). Returns the flat float32 logprobs
-    of every span, sequence by sequence, span by span, with autograd if it is enabled.
+    `log_softmax(logits / temperature)` of every span, sequence by sequence, span by span, with
+    autograd if it is enabled; with entropy=True also the policy's entropy at the same positions
+    and temperature (`linear_entropy`).
 
     The LM head (`head`, default the model's output embeddings) is applied inside the model's
     forward by a pre-hook, only at response positions and `chunk` positions at a time; the
@@ -286,7 +323,9 @@ def packed_logprobs(
     result: dict[str, torch.Tensor] = {}
 
     def score_then_skip(module: torch.nn.Module, args: tuple) -> tuple:
-        result["logprobs"] = linear_logprobs(args[0][0], module, targets, chunk)
+        result["logprobs"] = linear_logprobs(args[0][0], module, targets, chunk, temperature)
+        if entropy:
+            result["entropy"] = linear_entropy(args[0][0], module, chunk, temperature)
         return (args[0][:, :0],) + tuple(args[1:])
 
     handle = head.register_forward_pre_hook(score_then_skip)
@@ -295,7 +334,7 @@ def packed_logprobs(
               use_cache=False)
     finally:
         handle.remove()
-    return result["logprobs"]
+    return (result["logprobs"], result["entropy"]) if entropy else result["logprobs"]
 
 
 def packed_row(sequences: Sequence[PackedSequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -49,7 +49,7 @@ import gymnasium as gym
 
 from seeupo_gym.agents.chat import appended_text, render_chat, sampled_assistant_message
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, SamplingParams
+from seeupo_gym.agents.backends.base import FINISH_STOP, Backend, Completion, RequestError, SamplingParams
 from seeupo_gym.agents.backends.engine import engine_for
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.remote import env_target
@@ -60,6 +60,7 @@ END_TERMINATED = "terminated"
 END_TRUNCATED = "truncated"
 END_CONTEXT_BUDGET = "context_budget"
 END_ENV_ERROR = "env_error"
+END_BACKEND_ERROR = "backend_error"
 
 SCHEDULES = ("per_episode", "lockstep")
 # Purposes mixed into derive_seed(seed, purpose, ...): lockstep seeds each backend call, per-episode
@@ -355,7 +356,14 @@ class VectorAgent:
                     elapsed = time.perf_counter() - work.started
                     if work.kind == "generate":
                         stats.generate_seconds += elapsed
-                        completion = future.result()  # a failing backend fails the collection, as in lockstep
+                        try:
+                            completion = future.result()  # a failing backend fails the collection, as in lockstep
+                        except RequestError as error:  # one request a remote server did not serve: its episode ends
+                            logger.warning("ending an episode of task %s: %s", episode.task_id, error)
+                            self._finish(episode, END_BACKEND_ERROR, reward=0.0, success=False, truncated=True, error=error)
+                            free.append(slot)
+                            start_episodes()
+                            continue
                         action = self.response_text(completion.token_ids, completion.finish_reason)
                         self._record_turn(episode, completion, action, stats)
                         on_env(_Waiting("step", slot, episode, completion, action), self._step, slot, action)
@@ -463,6 +471,8 @@ class VectorAgent:
         return replace(sampling, seed=derive_seed(seed, _EPISODE_TURN, episode.index, turn))
 
     def _record_turn(self, episode: _Episode, completion: Completion, action: str, stats: CollectStats) -> None:
+        turn = len(episode.turns) + 1
+        sampling = self.sampling if self.sampling_for is None else self.sampling_for(episode.index, turn)
         episode.turns.append(
             Turn(
                 context_ids=list(episode.context),
@@ -470,6 +480,8 @@ class VectorAgent:
                 sample_logprobs=list(completion.logprobs),
                 finish_reason=completion.finish_reason,
                 policy_version=self.policy_version,
+                # Backends record greedy turns' logprobs at temperature 1.
+                logprob_temperature=sampling.temperature or 1.0,
             )
         )
         episode.actions.append(action)

@@ -48,6 +48,9 @@ class TokenLogprobs:
     # mismatch with a truncated importance weight capped at `sampled_cap` (`core.behaviour_weights`).
     sampled: torch.Tensor | None = None
     sampled_cap: float = 2.0
+    # The policy's entropy at each token ([n, L], with autograd), set by a learner whose `minimize`
+    # was called with entropy=True (an algorithm with entropy_coeff > 0).
+    entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs.shape != self.mask.shape:
@@ -263,6 +266,12 @@ class Algorithm(ABC):
         self.on_phase = on_phase
         self.selection = selection or UpdateSelection()
         self._updating = False
+        # State carried from step to step (KL in the reward's coefficient); saved with checkpoints.
+        self.kl_ctrl_in_reward = None
+        if getattr(config, "use_kl_in_reward", False):
+            from seeupo_gym.algorithms.kl import KLController
+
+            self.kl_ctrl_in_reward = KLController(config.kl_ctrl)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -270,6 +279,14 @@ class Algorithm(ABC):
         if update is None or getattr(update, "selects_first", False) or getattr(update, "__isabstractmethod__", False):
             return
         cls.update = _selecting_first(update)  # type: ignore[method-assign]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep for the next step to be the same (empty for most)."""
+        return {} if self.kl_ctrl_in_reward is None else {"kl_ctrl_in_reward": self.kl_ctrl_in_reward.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.kl_ctrl_in_reward is not None and "kl_ctrl_in_reward" in state:
+            self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl_in_reward"])
 
     def record_phase(self, phase: UpdatePhase) -> None:
         self.schedule.append(phase)

@@ -32,10 +32,12 @@ from seeupo_gym.algorithms.base import Learner, MicroLoss, TokenLogprobs, loss_s
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 NORMALIZATIONS = ("none", "group", "batch")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 SEQUENCES = ("turn", "trajectory")
-# k3 and low_var_kl are one estimator under two names, as in verl.
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+# verl's names (`kl_penalty`, `kl_loss_type`): k1 = kl, k2 = mse, k3 = low_var_kl, abs, and the
+# straight-through `name+` forms (algorithms/kl.py).
+_KL_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS = _KL_NAMES + tuple(name + "+" for name in _KL_NAMES)
 EPS = 1e-6
 # Token log-ratios are clamped before exp (as verl): beyond e^20 every ratio is clipped anyway,
 # and exp of a larger one overflows float32 into inf * 0 = nan gradients.
@@ -141,20 +143,14 @@ def clip_fraction(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float
 
 
 def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3).
-
-    k1: `l_new - l_ref` (unbiased, high variance, can be negative); k2: `0.5 (l_new - l_ref)^2`;
-    k3 = low_var_kl: `exp(d) - d - 1` with `d = l_ref - l_new` clamped to +-LOG_RATIO_CLAMP and the
-    estimate clamped to [-KL_CLAMP, KL_CLAMP] (unbiased and >= 0 until the clamp), as verl.
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi, by verl's names (`kl.kl_penalty`):
+    k1 = kl: `l_new - l_ref`; abs: `|l_new - l_ref|`; k2 = mse: `0.5 (l_new - l_ref)^2`;
+    k3 = low_var_kl: `exp(d) - d - 1`, `d = l_ref - l_new` clamped to +-LOG_RATIO_CLAMP, the estimate
+    clamped to [-KL_CLAMP, KL_CLAMP]; `name+`: the value of `name` with the gradient of k2.
     """
-    if estimator == "k1":
-        return logp_new - logp_ref
-    if estimator == "k2":
-        return 0.5 * (logp_new - logp_ref).square()
-    if estimator in ("k3", "low_var_kl"):
-        log_ratio = torch.clamp(logp_ref - logp_new, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, -KL_CLAMP, KL_CLAMP)
-    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+    from seeupo_gym.algorithms.kl import kl_penalty  # kl.py builds on this module
+
+    return kl_penalty(logp_new, logp_ref, estimator)
 
 
 def behaviour_weights(
@@ -227,12 +223,22 @@ class Totals:
         return replace(self, row_ids=ids, row_sequence_tokens=tuple(self.trajectory_tokens[i] for i in ids))
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", totals: Totals | None = None) -> torch.Tensor:
-    """Reduce per-token values [n, L] to a scalar: these rows' share of the minibatch's aggregate.
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    totals: Totals | None = None,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [n, L] to a scalar: these rows' share of the minibatch's aggregate
+    (verl's `agg_loss`).
 
     token-mean: every real token of the minibatch weighs the same;
+    token-sum: the sum over the minibatch's tokens (no normalization);
     seq-mean-token-mean: mean over sequences of each sequence's token mean;
-    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    seq-mean-token-sum: mean over sequences of each sequence's token sum;
+    seq-mean-token-sum-norm: seq-mean-token-sum / loss_scale_factor (verl's default factor is the
+    padded response length; here it must be given, so that the loss does not depend on padding).
     A sequence is a row, or with trajectory totals (`Totals.of(.., "trajectory").part(rows)`) the
     trajectory the row belongs to.
     """
@@ -240,6 +246,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
     real = mask.to(values.dtype)
     if mode == "token-mean":
         return (values * real).sum() / max(totals.tokens, 1)
+    if mode == "token-sum":
+        return (values * real).sum()
     if mode == "seq-mean-token-mean":
         if totals.trajectory_tokens is None:
             return masked_mean(values, mask, dim=-1).sum() / max(totals.samples, 1)
@@ -249,6 +257,10 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
         return ((values * real).sum(-1) / lengths).sum() / max(totals.samples, 1)
     if mode == "seq-mean-token-sum":
         return (values * real).sum() / max(totals.samples, 1)
+    if mode == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None or not loss_scale_factor > 0:
+            raise ValueError(f"seq-mean-token-sum-norm needs loss_scale_factor > 0, got {loss_scale_factor!r}")
+        return (values * real).sum() / max(totals.samples, 1) / loss_scale_factor
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGGREGATIONS}")
 
 
@@ -347,11 +359,15 @@ def select_for_update(
     return RolloutBatch(kept), counts
 
 
-def trajectory_advantages(batch: RolloutBatch, normalization: str) -> dict[str, float]:
-    """GRAE advantage of every trajectory of the batch, keyed by rollout_id (groups = group_id)."""
+def trajectory_advantages(
+    batch: RolloutBatch, normalization: str, rewards: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """GRAE advantage of every trajectory of the batch, keyed by rollout_id (groups = group_id);
+    `rewards` replace the trajectories' own (e.g. with a KL penalty, `options.prepare_step`)."""
     ids = batch.rollout_ids
     group_names = {name: k for k, name in enumerate(batch.groups())}
-    rewards = torch.tensor([batch[rid].reward for rid in ids], dtype=torch.float64)
+    reward_of = rewards if rewards is not None else {rid: batch[rid].reward for rid in ids}
+    rewards = torch.tensor([reward_of[rid] for rid in ids], dtype=torch.float64)
     groups = torch.tensor([group_names[batch[rid].group_id] for rid in ids])
     advantages = group_advantages(rewards, groups, normalization)
     return dict(zip(ids, advantages.tolist()))
@@ -454,7 +470,9 @@ def select_rows(tokens: TokenLogprobs, rows: Sequence[int]) -> TokenLogprobs:
     """The rows `rows` of `tokens` (autograd kept), with their sampling logprobs when present."""
     index = torch.tensor(list(rows), dtype=torch.long, device=tokens.mask.device)
     sampled = tokens.sampled[index] if tokens.sampled is not None else None
-    return TokenLogprobs(tokens.logprobs[index], tokens.mask[index], sampled=sampled, sampled_cap=tokens.sampled_cap)
+    entropy = tokens.entropy[index] if tokens.entropy is not None else None
+    return TokenLogprobs(tokens.logprobs[index], tokens.mask[index], sampled=sampled, sampled_cap=tokens.sampled_cap,
+                         entropy=entropy)
 
 
 def part_sequence_ratios(
@@ -541,6 +559,8 @@ class LossStats:
     # weight, and the share of weights at the cap.
     is_weight_mean: float | None = None
     is_weight_capped: float | None = None
+    # With entropy_coeff > 0: the aggregated token entropy of the policy (the bonus is coeff x this).
+    entropy: float | None = None
 
 
 def token_policy_loss(
@@ -556,33 +576,46 @@ def token_policy_loss(
     kl_estimator: str = "k3",
     loss_agg: str = "token-mean",
     totals: Totals | None = None,
+    loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg KL`.
+    """Token-level clipped surrogate (GRPO, PPO): `-agg_tokens clip_obj(rho, A)` + `kl_coef * agg KL`
+    `- entropy_coeff * agg H` (verl's order and names; every term aggregated with `loss_agg`).
 
     No dual clip unless `clip_ratio_c` is given (verl's `compute_policy_loss_vanilla` always applies
     its `clip_ratio_c`, default 3; the `grpo` and `ppo` configs pass 3).
 
     advantages: per token [n, L] (a trajectory's A broadcast over its tokens for GRPO, GAE for PPO).
     totals: the minibatch's, for this part (`Totals.part`) when sequences are trajectories.
+    rollout_is_weights [n, L]: the algorithm's rollout correction (`rollout_correction.py`), which
+    then replaces the learner's truncated weight. entropy_coeff > 0 needs `new.entropy`.
     """
     mask = new.mask
     totals = totals or Totals.of_mask(mask)
     ratio = token_ratio(new.logprobs, old, mask)
     objective = clipped_objective(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     weights = None
-    if new.sampled is not None:  # rollouts from older weights: reweight each token (TIS)
+    if rollout_is_weights is not None:
+        objective = objective * rollout_is_weights
+    elif new.sampled is not None:  # rollouts from older weights: reweight each token (TIS)
         weights = behaviour_weights(old, new.sampled, mask, new.sampled_cap)
         objective = objective * weights
-    loss = -aggregate(objective, mask, loss_agg, totals)
+    loss = -aggregate(objective, mask, loss_agg, totals, loss_scale_factor)
     kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, loss_agg, totals)
+        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, loss_agg, totals, loss_scale_factor)
         loss = loss + kl_coef * kl
+    entropy = None
+    if entropy_coeff:
+        entropy = aggregate(token_entropy(new), mask, loss_agg, totals, loss_scale_factor)
+        loss = loss - entropy_coeff * entropy
     stats = LossStats(
-        policy_loss=float(-aggregate(objective.detach(), mask, loss_agg, totals)),
+        policy_loss=float(-aggregate(objective.detach(), mask, loss_agg, totals, loss_scale_factor)),
         kl=None if kl is None else float(kl.detach()),
         clipfrac=float(aggregate(clip_fraction(ratio.detach(), advantages, clip_low, clip_high), mask, "token-mean", totals)),
         ratio_mean=float(aggregate(ratio.detach(), mask, "token-mean", totals)),
+        entropy=None if entropy is None else float(entropy.detach()),
     )
     if weights is not None:
         stats.is_weight_mean = float(aggregate(weights, mask, "token-mean", totals))
@@ -601,17 +634,28 @@ def sequence_policy_loss(
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     totals: Totals | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
+    loss_agg: str = "seq-mean-token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_sequences clip_obj(s(y), w)` + KL.
+    """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_sequences clip_obj(s(y), w)` + KL
+    `- entropy_coeff * agg H`.
+
+    loss_agg (verl's GSPO takes any): every token of a sequence carries its sequence's objective, so
+    `seq-mean-token-mean` (the default, GSPO's paper) is the mean over sequences; the other modes
+    weigh sequence i by its token count n_i: token-mean `n_i / tokens`, token-sum `n_i`,
+    seq-mean-token-sum `n_i / sequences` (and `/ loss_scale_factor` for -norm). KL and entropy are
+    aggregated with the same mode.
 
     weights [n]: the per-row advantage (GSPO: A_i; SeeUPO: M_i). A sequence is a row (one turn's
     response), or with trajectory totals (`Totals.part`) all of a trajectory's rows together, which
     must then be in this part (one ratio over all its response tokens, as verl's GSPO). A row without
-    response tokens is no sequence: it adds nothing and is not counted. With the sampler's logprobs
-    (`new.sampled`), each sequence's objective is weighted once by its truncated importance weight
-    (`behaviour_weights`, level `sequence`). The KL is each sequence's token mean, averaged over
-    sequences, so it weighs them like the surrogate does (verl's GSPO: the KL with the actor's
-    `loss_agg_mode`, token-mean by default).
+    response tokens is no sequence: it adds nothing and is not counted. `log s` is clamped above at
+    SEQUENCE_LOG_RATIO_CLAMP, as verl. With the sampler's logprobs (`new.sampled`), each sequence's
+    objective is weighted once by its truncated importance weight (`behaviour_weights`, level
+    `sequence`). rollout_is_weights [n]: the algorithm's rollout correction per row, one value per
+    sequence (0 for a sequence rejected whole), which then replaces the learner's truncated weight.
     """
     mask = new.mask
     totals = totals or Totals.of_mask(mask)
@@ -622,17 +666,25 @@ def sequence_policy_loss(
     real = (tokens > 0).to(ratio.dtype)
     objective = clipped_objective(ratio, weights, clip_low, clip_high) * real
     behaviour = None
-    if new.sampled is not None:  # rollouts from older weights: reweight each sequence (TIS)
+    if rollout_is_weights is not None:  # the algorithm's rollout correction: one weight per sequence
+        objective = objective * rollout_is_weights[first]
+    elif new.sampled is not None:  # rollouts from older weights: reweight each sequence (TIS)
         behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence", totals=totals) * real
         objective = objective * behaviour
-    loss = -objective.sum() / samples
+    share = _sequence_shares(tokens, totals, loss_agg, loss_scale_factor)
+    loss = -(objective * share).sum()
     kl = None
     if ref is not None and kl_coef > 0:
-        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, "seq-mean-token-mean", totals)
+        kl = aggregate(kl_estimate(new.logprobs, ref, kl_estimator), mask, loss_agg, totals, loss_scale_factor)
         loss = loss + kl_coef * kl
+    entropy = None
+    if entropy_coeff:
+        entropy = aggregate(token_entropy(new), mask, loss_agg, totals, loss_scale_factor)
+        loss = loss - entropy_coeff * entropy
     stats = LossStats(
-        policy_loss=float(-objective.detach().sum() / samples),
+        policy_loss=float(-(objective.detach() * share).sum()),
         kl=None if kl is None else float(kl.detach()),
+        entropy=None if entropy is None else float(entropy.detach()),
         clipfrac=float((clip_fraction(ratio.detach(), weights, clip_low, clip_high) * real).sum() / samples),
         ratio_mean=float((ratio.detach() * real).sum() / samples),
     )
@@ -640,6 +692,34 @@ def sequence_policy_loss(
         stats.is_weight_mean = float(behaviour.sum() / samples)
         stats.is_weight_capped = float((behaviour >= new.sampled_cap).to(behaviour.dtype).sum() / samples)
     return loss, stats
+
+
+def _sequence_shares(tokens: torch.Tensor, totals: Totals, loss_agg: str, loss_scale_factor: float | None) -> torch.Tensor:
+    """Each sequence's weight in a sequence-level loss under `loss_agg` (see `sequence_policy_loss`),
+    [k] from the sequences' token counts `tokens` [k]."""
+    if loss_agg == "seq-mean-token-mean":
+        return torch.full_like(tokens, 1.0 / max(totals.samples, 1))
+    if loss_agg == "token-mean":
+        return tokens / max(totals.tokens, 1)
+    if loss_agg == "token-sum":
+        return tokens
+    if loss_agg == "seq-mean-token-sum":
+        return tokens / max(totals.samples, 1)
+    if loss_agg == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None or not loss_scale_factor > 0:
+            raise ValueError(f"seq-mean-token-sum-norm needs loss_scale_factor > 0, got {loss_scale_factor!r}")
+        return tokens / max(totals.samples, 1) / loss_scale_factor
+    raise ValueError(f"unknown loss aggregation {loss_agg!r}; choose one of {LOSS_AGGREGATIONS}")
+
+
+def token_entropy(new: TokenLogprobs) -> torch.Tensor:
+    """The policy's entropy at every response token, [n, L] with autograd, as the learner gave it."""
+    if new.entropy is None:
+        raise ValueError(
+            "entropy_coeff > 0 needs the policy's token entropy, and this learner gave none "
+            "(its minimize must accept entropy=True and fill TokenLogprobs.entropy)"
+        )
+    return new.entropy
 
 
 def sequence_means(

@@ -6,6 +6,11 @@ verl). The group-normalized `A_i` weighs every sequence of trajectory i; all tur
 together with `-mean_sequences clip_obj(s, A_i)` + KL, the KL a token mean per sequence averaged over
 sequences. `log s` is clamped above at 10 as verl. (GSPO's paper uses much smaller clip ranges; eps is
 a parameter.)
+
+verl's options (algorithms/options.py): `loss_agg` (how sequences weigh: per sequence by default,
+or by their token counts as verl's token-mean etc.; KL and entropy aggregated alike),
+`use_kl_in_reward`, `entropy_coeff`, `rollout_correction` (sequence-level weights; token-level ones
+are refused: the surrogate has one term per sequence), every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -14,25 +19,31 @@ from dataclasses import dataclass
 
 import torch
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms import core, options
+from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch
 
 
 @dataclass
-class GSPOConfig(AlgorithmConfig):
+class GSPOConfig(options.LossOptionsConfig):
     # GRAE normalization: none | group | batch.
     normalization: str = "group"
     # What one ratio covers: turn (default: each turn's response, the SeeUPO paper, the unit SeeUPO
-    # updates) | trajectory (verl's: one row per trajectory, every turn's response tokens). The surrogate
-    # and the KL are both averaged per sequence (seq-mean-token-mean); verl's GSPO aggregates both
-    # with the actor's `loss_agg_mode` (token-mean by default; its GSPO recipe sets seq-mean-token-mean).
+    # updates) | trajectory (verl's: one row per trajectory, every turn's response tokens).
     sequence: str = "turn"
+    # How sequences weigh in the loss: seq-mean-token-mean (GSPO's paper; verl's default for GSPO is
+    # token-mean) | token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm.
+    loss_agg: str = "seq-mean-token-mean"
+    # seq-mean-token-sum-norm divides by this (verl's loss_scale_factor); required with that mode.
+    loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("sequence", core.SEQUENCES)
+        self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
+        self.require_scale_factor()
+        self.refuse_token_weights_on_sequences("GSPO")
 
 
 @register_algorithm("gspo")
@@ -43,18 +54,21 @@ class GSPO(Algorithm):
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         self.schedule = []
-        advantages = core.trajectory_advantages(batch, cfg.normalization)
         samples = batch.samples()
         old = core.old_logprobs(learner, samples, cfg.minibatch_size, cfg.epochs)
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
+        step = options.prepare_step(self, batch, learner, samples, old=old, ref=ref, sequence=cfg.sequence)
+        advantages = core.trajectory_advantages(batch, cfg.normalization, step.rewards)
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch, cfg.sequence)
+            totals = options.totals(step, minibatch)
 
             def loss(part, new, values):
+                kept, is_weights = options.corrected(step, part, new)
+                part_totals = totals.part(part)
                 return core.sequence_policy_loss(
-                    new,
+                    kept,
                     core.old_or_detached(old, part, new.logprobs),
                     core.per_sample(advantages, part, new.logprobs),
                     clip_low=cfg.clip_low,
@@ -62,10 +76,14 @@ class GSPO(Algorithm):
                     ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
                     kl_coef=cfg.kl_coef,
                     kl_estimator=cfg.kl_estimator,
-                    totals=totals.part(part),
+                    totals=part_totals,
+                    rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, part_totals),
+                    entropy_coeff=cfg.entropy_coeff,
+                    loss_agg=cfg.loss_agg,
+                    loss_scale_factor=cfg.loss_scale_factor,
                 )
 
-            steps.append(learner.minimize(minibatch, loss))
+            steps.append(options.minimize(learner, minibatch, loss, cfg))
 
         self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), advantages, len(steps)))
-        return core.mean_metrics(steps)
+        return {**core.mean_metrics(steps), **step.metrics}

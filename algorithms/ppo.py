@@ -6,6 +6,11 @@ not timesteps), with the team reward R_i on the last response token of the last 
 lambda = 1 by default. Advantages are whitened over the batch; the policy loss is the token-level
 clipped surrogate with `rho`, plus `vf_coef` x the clipped value loss, plus KL. One `minimize`
 call per minibatch steps the policy and the value model together.
+
+verl's options (algorithms/options.py): `loss_agg` as GRPO's (with `loss_scale_factor`);
+`use_kl_in_reward` (GAE sees `-beta * kl_j` at every response token, R_i at the last);
+`entropy_coeff`; `rollout_correction` (a rejected token also leaves GAE's recursion, the whitening
+and the value loss, as verl's modified response mask); every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -14,21 +19,23 @@ from dataclasses import dataclass
 
 import torch
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms import core, options
+from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch
 
 
 @dataclass
-class PPOConfig(AlgorithmConfig):
+class PPOConfig(options.LossOptionsConfig):
     gamma: float = 1.0
     lam: float = 1.0
     vf_coef: float = 0.5
     # Value clip range around the step-start values (verl's cliprange_value default).
     value_clip: float = 0.5
     whiten_advantages: bool = True
-    # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    # token-mean | token-sum | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     loss_agg: str = "token-mean"
+    # seq-mean-token-sum-norm divides by this (verl's loss_scale_factor); required with that mode.
+    loss_scale_factor: float | None = None
     # The sequence of the seq-mean-* modes: trajectory (all its turns' tokens, as verl) | turn.
     sequence: str = "trajectory"
     # Dual clip: where A < 0, the objective is at least clip_ratio_c * A (verl's default 3); null: off.
@@ -41,13 +48,20 @@ class PPOConfig(AlgorithmConfig):
         self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
         self.require_choice("sequence", core.SEQUENCES)
         self.require_dual_clip()
+        self.require_scale_factor()
 
 
 def trajectory_gae(
-    batch: RolloutBatch, values: dict[core.SampleKey, torch.Tensor], gamma: float, lam: float
+    batch: RolloutBatch,
+    values: dict[core.SampleKey, torch.Tensor],
+    gamma: float,
+    lam: float,
+    token_rewards: dict[core.SampleKey, torch.Tensor] | None = None,
+    keep: dict[core.SampleKey, torch.Tensor] | None = None,
 ) -> tuple[dict[core.SampleKey, torch.Tensor], dict[core.SampleKey, torch.Tensor]]:
     """GAE advantages and returns per response token, keyed by sample: each trajectory's turns are
-    concatenated in order into one row, R_i sits on the row's last token."""
+    concatenated in order into one row, R_i sits on the row's last token, `token_rewards` (the KL
+    penalty) add per token; tokens outside `keep` (rejected) are skipped like padding."""
     rows, keys = [], []
     for trajectory in batch:
         sample_keys = [(trajectory.rollout_id, t) for t in range(1, trajectory.num_turns + 1)]
@@ -58,9 +72,13 @@ def trajectory_gae(
     lengths = torch.tensor([r.numel() for r in rows])
     mask = torch.arange(length)[None, :] < lengths[:, None]
     rewards = torch.zeros_like(value_rows)
+    if token_rewards is not None:
+        rewards = core.pad_rows([torch.cat([token_rewards[k] for k in ks]) if ks else torch.zeros(0) for ks in keys], length)
+    if keep is not None:
+        mask = core.pad_rows([torch.cat([keep[k].float() for k in ks]) if ks else torch.zeros(0) for ks in keys], length) > 0.5
     for i, trajectory in enumerate(batch):
         if lengths[i] > 0:
-            rewards[i, lengths[i] - 1] = trajectory.reward
+            rewards[i, lengths[i] - 1] += trajectory.reward
     advantages, returns = core.gae(rewards, value_rows, mask, gamma, lam)
     adv_out, ret_out = {}, {}
     for i, sample_keys in enumerate(keys):
@@ -85,19 +103,23 @@ class PPO(Algorithm):
         old = core.frozen_logprobs(learner, samples)
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
         old_values = core.frozen_values(learner, samples)
-        advantages, returns = trajectory_gae(batch, old_values, cfg.gamma, cfg.lam)
+        step = options.prepare_step(self, batch, learner, samples, old=old, ref=ref, sequence=cfg.sequence)
+        keep = step.correction.keep if step.correction is not None else None
+        advantages, returns = trajectory_gae(batch, old_values, cfg.gamma, cfg.lam, step.token_rewards, keep)
         if cfg.whiten_advantages and advantages:
-            # Whitened over every response token of the batch.
+            # Whitened over every (kept) response token of the batch.
             keys = list(advantages)
             flat = torch.cat([advantages[k] for k in keys])[None]
-            flat = core.whiten(flat, torch.ones_like(flat, dtype=torch.bool))[0]
+            kept = torch.cat([keep[k] for k in keys])[None] if keep is not None else torch.ones_like(flat, dtype=torch.bool)
+            flat = core.whiten(flat, kept)[0]
             advantages = dict(zip(keys, torch.split(flat, [advantages[k].numel() for k in keys])))
 
         steps = []
         for minibatch in core.minibatches(samples, cfg.minibatch_size, cfg.epochs, generator):
-            totals = core.Totals.of(minibatch, cfg.sequence)
+            totals = options.totals(step, minibatch)
 
             def loss(part, new, values):
+                new, is_weights = options.corrected(step, part, new)
                 policy_loss, stats = core.token_policy_loss(
                     new,
                     core.gather(old, part, new.logprobs),
@@ -110,6 +132,9 @@ class PPO(Algorithm):
                     kl_estimator=cfg.kl_estimator,
                     loss_agg=cfg.loss_agg,
                     totals=totals.part(part),
+                    loss_scale_factor=cfg.loss_scale_factor,
+                    rollout_is_weights=is_weights,
+                    entropy_coeff=cfg.entropy_coeff,
                 )
                 value_loss = core.clipped_value_loss(
                     values,
@@ -121,8 +146,8 @@ class PPO(Algorithm):
                 )
                 return policy_loss + cfg.vf_coef * value_loss, {**vars(stats), "value_loss": float(value_loss.detach())}
 
-            steps.append(learner.minimize(minibatch, loss, values=True))
+            steps.append(options.minimize(learner, minibatch, loss, cfg, values=True))
 
         weights = {s.rollout_id: float(advantages[core.sample_key(s)][0]) for s in samples if s.t == 1 and s.turn.num_response_tokens}
         self.record_phase(UpdatePhase(None, tuple(batch.rollout_ids), weights, len(steps)))
-        return core.mean_metrics(steps)
+        return {**core.mean_metrics(steps), **step.metrics}

@@ -26,6 +26,9 @@ class Turn:
     # The version of the weights that sampled this turn: the number of updates they had seen.
     # Collection that overlaps the update samples with older weights than the learner's.
     policy_version: int = 0
+    # The temperature T of `sample_logprobs` (log_softmax(logits / T); 1 for greedy sampling), set by
+    # the agent; the learner scores at one temperature and refuses weights against another. None: unknown.
+    logprob_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.sample_logprobs) != len(self.response_ids):

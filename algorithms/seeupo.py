@@ -22,6 +22,11 @@ trajectory's next-updated turn into one sequence): no extra pass, unless a conte
 That sharing needs a learner that says it can (`measures_alongside`: it keeps a packed sequence in
 one part and sums the parts' diagnostics); any other learner, and any update with an `on_phase`
 callback (which must see `ratios_after` filled), gets a separate ratio pass: the same numbers.
+
+verl's options (algorithms/options.py): `use_kl_in_reward` (the penalized rewards give A_i, so M
+starts from them), `entropy_coeff` (per-sequence entropy of the pool's turns), `rollout_correction`
+(per turn, against the step-start policy; it reweights and masks the pool losses, while the ratios
+that update M stay over every token), every `kl_estimator`.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import Algorithm, AlgorithmConfig, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms import core, options
+from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 ORDERS = ("reverse", "natural", "random")
@@ -39,7 +44,7 @@ OLD_POLICIES = ("step_start", "turn_start")
 
 
 @dataclass
-class SeeUPOConfig(AlgorithmConfig):
+class SeeUPOConfig(options.LossOptionsConfig):
     # GRAE normalization of the initial M: none | group | batch.
     normalization: str = "batch"
     # Turn update order: reverse (T_max..1) | natural (1..T_max) | random (new permutation each step).
@@ -59,6 +64,7 @@ class SeeUPOConfig(AlgorithmConfig):
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("order", ORDERS)
         self.require_choice("old_policy", OLD_POLICIES)
+        self.refuse_token_weights_on_sequences("SeeUPO")
         if self.m_clip is not None:
             low, high = self.m_clip
             if not 0 <= low <= 1 <= high:
@@ -83,11 +89,12 @@ class SeeUPO(Algorithm):
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         self.schedule = []
-        advantages = core.trajectory_advantages(batch, cfg.normalization)  # step 1
-        factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
         samples = batch.samples()
         old = core.frozen_logprobs(learner, samples) if cfg.old_policy == "step_start" else {}
         ref = core.frozen_logprobs(learner, samples, reference=True) if cfg.kl_coef > 0 else None
+        step = options.prepare_step(self, batch, learner, samples, old=old or None, ref=ref, sequence="turn")
+        advantages = core.trajectory_advantages(batch, cfg.normalization, step.rewards)  # step 1
+        factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
 
         def weight(rid: str, ratio: float = 1.0) -> float:  # M_i (times a ratio not yet applied)
             f = factor[rid] * ratio
@@ -120,11 +127,12 @@ class SeeUPO(Algorithm):
                 measure_apart(self.schedule[-1], frozen)
 
             for k, minibatch in enumerate(batches):
-                totals = core.Totals.of(minibatch)
+                totals = options.totals(step, minibatch)
 
                 def loss(part, new, ratios):  # ratios: s(y) measured alongside, not yet in M
+                    kept, is_weights = options.corrected(step, part, new)
                     return core.sequence_policy_loss(
-                        new,
+                        kept,
                         core.gather(old, part, new.logprobs),
                         core.per_sample({s.rollout_id: weight(s.rollout_id, ratios.get(s.rollout_id, 1.0)) for s in part},
                                         part, new.logprobs),
@@ -134,10 +142,12 @@ class SeeUPO(Algorithm):
                         kl_coef=cfg.kl_coef,
                         kl_estimator=cfg.kl_estimator,
                         totals=totals,
+                        rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, totals),
+                        entropy_coeff=cfg.entropy_coeff,
                     )
 
                 extra = shared if k == 0 else []
-                metrics = learner.minimize(minibatch + extra, core.measuring_alongside(t, extra, old, loss))
+                metrics = options.minimize(learner, minibatch + extra, core.measuring_alongside(t, extra, old, loss), cfg)
                 measured = core.pop_ratio_diagnostics(metrics)
                 missing = sorted({s.rollout_id for s in extra} - measured.keys())
                 if missing:  # the parameters have moved since: M can no longer be completed
@@ -162,4 +172,4 @@ class SeeUPO(Algorithm):
         final_m = torch.tensor([weight(rid) for rid in advantages])
         metrics.update(m_mean=float(final_m.mean()), m_abs_max=float(final_m.abs().max()) if len(final_m) else 0.0)
         metrics["turn_pools"] = float(len(pools))
-        return metrics
+        return {**metrics, **step.metrics}

@@ -116,12 +116,14 @@ class TabularPolicy:
         return self.log_probs_table()[self.index[tuple(context_ids(task_index, history))]].exp()
 
     # -- Learner ------------------------------------------------------------------------
-    def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
+    def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True, entropy: bool = False) -> TokenLogprobs:
         rows, actions = self._rows(samples)
         with torch.set_grad_enabled(grad):
             table = self._log_softmax(self.logits)
             chosen = table[rows, actions].unsqueeze(1)
-        return TokenLogprobs(chosen, torch.ones_like(chosen, dtype=torch.bool))
+            # H = -sum_a p(a) log p(a) over the valid options (invalid ones have p = 0).
+            h = -(table.exp() * table.masked_fill(self.invalid, 0.0)).sum(-1)[rows].unsqueeze(1) if entropy else None
+        return TokenLogprobs(chosen, torch.ones_like(chosen, dtype=torch.bool), entropy=h)
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
         rows, actions = self._rows(samples)
@@ -132,13 +134,16 @@ class TabularPolicy:
         rows, _ = self._rows(samples)
         return self.value_table[rows].unsqueeze(1)
 
-    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+    def minimize(
+        self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False, entropy: bool = False
+    ) -> dict[str, float]:
         self.optimizer.zero_grad()
         size = self.microbatch_samples or max(len(samples), 1)
         totals: dict[str, float] = {}
         for start in range(0, len(samples), size):
             part = samples[start : start + size]
-            share, stats = loss_share(loss(part, self.logprobs(part), self.values(part) if values else None))
+            new = self.logprobs(part, entropy=True) if entropy else self.logprobs(part)
+            share, stats = loss_share(loss(part, new, self.values(part) if values else None))
             share.backward()
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value

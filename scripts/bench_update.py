@@ -9,7 +9,14 @@ GRPO at the step level). `--bfcl-shaped`: a ~1,500-token system prompt and task 
 group, 2-6 turns of up to 64-token responses and observations; prints per algorithm the tokens
 fed to each model against that algorithm's minimum, and time. `--memory`: peak memory of a GRPO
 update at minibatch 2, 8, 32 and 128 under one token budget (each size in a fresh process).
+`--lora-last-layers K`: LoRA on the last K layers (the learner then computes the frozen trunk's
+states once per trajectory), timed in the same run, interleaved, beside full fine-tuning.
+`--model qwen2-102m`: a random-init Qwen2 with the real tokenizer, hidden 512, 8 layers (102M
+parameters, 78M of them the tied embedding, used as the LM head at response positions only: the
+transformer body dominates a forward); `--layers N` for another depth.
 
+    python scripts/bench_update.py --bfcl-shaped --algorithms grpo,seeupo --lora-last-layers 4 \
+        --model qwen2-102m --tasks 1 --group 4 --threads 1 --repeats 2
     python scripts/bench_update.py --bfcl-shaped --algorithms grpo,gspo,ppo,seeupo
     python scripts/bench_update.py --bfcl-shaped --memory
     python scripts/bench_update.py --model embedded --lora 8 --tasks 1 --group 4 --turns 4 \
@@ -31,7 +38,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from seeupo_gym.agents.models import load_model
+from seeupo_gym.agents.models import build_tiny, load_model, tiny_config
 from seeupo_gym.algorithms.base import make_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.training.learner import LLMLearner, ValueModel, frozen_copy, lm_backbone
@@ -129,6 +136,24 @@ class RssPeak:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def qwen2_random(lora: dict | None, device: str, layers: int = 8):
+    """Random-init Qwen2 with the real tokenizer, hidden 512: with 8 layers, 102M parameters (body 24M,
+    tied embedding 78M); each layer adds 3.0M."""
+    from transformers import AutoModelForCausalLM
+
+    from seeupo_gym.agents.models import _apply_lora
+
+    _, tokenizer = build_tiny()
+    config = tiny_config(tokenizer)
+    config.update({"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": layers, "num_attention_heads": 8,
+                   "num_key_value_heads": 2, "head_dim": 64, "layer_types": ["full_attention"] * layers})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+    model.to(device).eval()
+    return (_apply_lora(model, lora) if lora is not None else model), tokenizer
+
+
 class UpdateBench:
     """One model, reset to the same initial trainable weights before every timed update.
 
@@ -147,6 +172,7 @@ class UpdateBench:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.initial = [p.detach().clone() for p in self.trainable]
         self.tokenizer, self.batch, self.lr, self.max_tokens = tokenizer, batch, lr, max_tokens
+        self.trunk_cache_mib = 2048
 
     def run(self, name: str, options: dict) -> tuple[float, dict, LLMLearner]:
         with torch.no_grad():
@@ -162,12 +188,15 @@ class UpdateBench:
         learner = LLMLearner(
             self.accelerator, self.model, optimizer, pad_token_id=self.tokenizer.pad_token_id, reference=self.reference,
             value_model=value_model, value_optimizer=value_optimizer, max_tokens_per_microbatch=self.max_tokens,
+            trunk_cache_mib=self.trunk_cache_mib,
         )
         started, cpu_started = time.perf_counter(), time.process_time()
         metrics = algorithm.update(self.batch, learner, torch.Generator().manual_seed(0))
         # CPU time beside wall time: on a shared machine the wall time mostly measures the neighbours.
         metrics["cpu_s"] = time.process_time() - cpu_started
         seconds = time.perf_counter() - started
+        if learner.trunk is not None:
+            learner.tokens_fed["trunk"] = learner.trunk.stats["tokens"]
         optimizer.zero_grad(set_to_none=True)
         self.accelerator._optimizers.clear()  # drop this run's optimizer state
         return seconds, metrics, learner
@@ -177,6 +206,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny | embedded | HF id / path")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--lora-last-layers", type=int, default=0,
+                        help="LoRA (rank --lora or 8) on the last K layers only, timed beside full fine-tuning in one run")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of --model qwen2-102m (8: 102M parameters)")
+    parser.add_argument("--trunk-cache-mib", type=int, default=2048, help="learner's frozen-trunk cache bound (0: off)")
     parser.add_argument("--bfcl-shaped", action="store_true", help="BFCL-shaped batch; print tokens fed / minimum")
     parser.add_argument("--memory", action="store_true", help="peak memory at minibatch 2, 8, 32, 128 (BFCL-shaped)")
     parser.add_argument("--tasks", type=int, default=4)
@@ -196,22 +229,33 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build(args: argparse.Namespace, value: bool) -> UpdateBench:
-    lora = {"r": args.lora, "alpha": 2 * args.lora} if args.lora else None
-    model, tokenizer = load_model(args.model, lora=lora, device="cuda" if torch.cuda.is_available() else "cpu")
+def build(args: argparse.Namespace, value: bool, lora_rank: int | None = None, last_layers: int = 0) -> UpdateBench:
+    rank = args.lora if lora_rank is None else lora_rank
+    lora = {"r": rank, "alpha": 2 * rank} if rank else None
+    if lora is not None and last_layers:
+        lora["last_layers"] = last_layers
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.model == "qwen2-102m":
+        model, tokenizer = qwen2_random(lora, device, args.layers)
+    else:
+        model, tokenizer = load_model(args.model, lora=lora, device=device)
     vocab = min(len(tokenizer), 32000)
     if args.bfcl_shaped or args.memory or args.memory_child:
         batch = bfcl_shaped_batch(args.tasks, args.group, vocab)
     else:
         batch = multi_turn_batch(args.tasks, args.group, args.turns, args.context, args.response, args.observation, vocab, 0)
     samples = batch.samples()
+    lora_text = "off" if lora is None else f"r={rank}" + (f" on the last {last_layers} layers" if last_layers else "")
     print(
-        f"model={args.model} lora={args.lora or 'off'} trajectories={len(batch)} turn samples={len(samples)} "
+        f"model={args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters) lora={lora_text} "
+        f"trajectories={len(batch)} turn samples={len(samples)} "
         f"T_max={batch.max_turns} response tokens={batch.num_response_tokens()} "
         f"max context={max(len(s.turn.context_ids) for s in samples)} packed tokens={sum(packed_length(t) for t in batch)} "
         f"minibatch={args.minibatch_size} epochs={args.epochs} max_tokens_per_microbatch={args.max_tokens}", flush=True
     )
-    return UpdateBench(model, tokenizer, batch, lora is not None, 1e-5, args.max_tokens, value)
+    bench = UpdateBench(model, tokenizer, batch, lora is not None, 1e-5, args.max_tokens, value)
+    bench.trunk_cache_mib = args.trunk_cache_mib
+    return bench
 
 
 def memory_child(args: argparse.Namespace) -> None:
@@ -256,38 +300,67 @@ def main() -> None:
     names = args.algorithms.split(",")
     variants = {spec: parse_variant(spec) for spec in names}
     options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
-    bench = build(args, value=any(algorithm == "ppo" for algorithm, _ in variants.values()))
-    bench.run(variants[names[0]][0], {**options, **variants[names[0]][1]})  # untimed warm-up (allocator, kernels, imports)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
-    steps: dict[str, float] = {}
-    fed: dict[str, dict[str, int]] = {}
+    value = any(algorithm == "ppo" for algorithm, _ in variants.values())
+    if args.lora_last_layers:
+        setups = {
+            f"LoRA last {args.lora_last_layers} layers": build(args, value, args.lora or 8, args.lora_last_layers),
+            "full fine-tuning": build(args, value, 0),
+        }
+    else:
+        setups = {"": build(args, value)}
+    print(f"load average before: {open('/proc/loadavg').read().strip()}", flush=True)
+    for bench in setups.values():  # untimed warm-up (allocator, kernels, imports)
+        bench.run(variants[names[0]][0], {**options, **variants[names[0]][1]})
+    runs = [(setup, name) for setup in setups for name in names]
+    times: dict[tuple, list[float]] = {run: [] for run in runs}
+    cpu: dict[tuple, list[float]] = {run: [] for run in runs}
+    steps: dict[tuple, float] = {}
+    fed: dict[tuple, dict[str, int]] = {}
     for _ in range(args.repeats):
-        for name in names:  # interleaved, so machine load drifts hit all alike
+        for setup, name in runs:  # interleaved, so machine load drifts hit all alike
             algorithm, own = variants[name]
-            seconds, metrics, learner = bench.run(algorithm, {**options, **own})
-            times[name].append(seconds)
-            cpu[name].append(metrics["cpu_s"])
-            fed[name] = dict(learner.tokens_fed)
-            print(f"  {name}: wall {seconds:.2f} s, CPU {metrics['cpu_s']:.2f} s", flush=True)
-            steps[name] = metrics.get("optimizer_steps", float("nan"))
+            seconds, metrics, learner = setups[setup].run(algorithm, {**options, **own})
+            times[setup, name].append(seconds)
+            cpu[setup, name].append(metrics["cpu_s"])
+            fed[setup, name] = dict(learner.tokens_fed)
+            print(f"  {setup + ': ' if setup else ''}{name}: wall {seconds:.2f} s, CPU {metrics['cpu_s']:.2f} s", flush=True)
+            steps[setup, name] = metrics.get("optimizer_steps", float("nan"))
+    print(f"load average after: {open('/proc/loadavg').read().strip()}")
+    for setup in setups:
+        if setup:
+            print(f"[{setup}]")
+        report(setup, setups[setup], names, variants, options, times, cpu, steps, fed)
+    if len(setups) > 1 and all((setup, "grpo") in cpu for setup in setups):
+        for name in (n for n in names if variants[n][0] == "seeupo"):
+            figures = "; ".join(
+                f"{setup} CPU {statistics.median(cpu[setup, name]) / statistics.median(cpu[setup, 'grpo']):.2f}x"
+                for setup in setups
+            )
+            print(f"{name} / grpo: {figures}")
+
+
+def report(setup, bench, names, variants, options, times, cpu, steps, fed) -> None:
     for name in names:
-        print(f"{name:>8}: wall median {statistics.median(times[name]):7.2f} s "
-              f"(runs {', '.join(f'{t:.2f}' for t in times[name])}), CPU median {statistics.median(cpu[name]):7.2f} s, "
-              f"optimizer steps {steps[name]:.0f}")
-    print("tokens fed per update / that algorithm's minimum (see minimum_tokens):")
+        run = (setup, name)
+        print(f"{name:>8}: wall median {statistics.median(times[run]):7.2f} s "
+              f"(runs {', '.join(f'{t:.2f}' for t in times[run])}), CPU median {statistics.median(cpu[run]):7.2f} s, "
+              f"optimizer steps {steps[run]:.0f}")
+    print("tokens fed per update / that algorithm's minimum (see minimum_tokens; trunk: the frozen layers' tokens, "
+          "once per trajectory):")
     for name in names:
         algorithm, own = variants[name]
         minimum = minimum_tokens(algorithm, bench.batch, {**options, **own})
-        parts = [f"{model} {fed[name].get(model, 0)} / {need} = {fed[name].get(model, 0) / need:.3f}"
+        got = fed[setup, name]
+        parts = [f"{model} {got.get(model, 0)} / {need} = {got.get(model, 0) / need:.3f}"
                  for model, need in minimum.items() if need]
-        total = sum(fed[name].values()) / sum(minimum.values())
-        print(f"{name:>8}: {'; '.join(parts)}; all models {total:.3f}")
-    if "grpo" in times:
+        total = sum(v for k, v in got.items() if k != "trunk") / sum(minimum.values())
+        trunk = f"; trunk {got['trunk']}" if "trunk" in got else ""
+        print(f"{name:>8}: {'; '.join(parts)}; all models {total:.3f}{trunk}")
+    if (setup, "grpo") in times:
         for name in (n for n in names if variants[n][0] == "seeupo"):
-            wall = statistics.median(times[name]) / statistics.median(times["grpo"])
-            cpu_ratio = statistics.median(cpu[name]) / statistics.median(cpu["grpo"])
-            tokens = fed[name].get("policy", 0) / max(fed["grpo"].get("policy", 0), 1)
+            wall = statistics.median(times[setup, name]) / statistics.median(times[setup, "grpo"])
+            cpu_ratio = statistics.median(cpu[setup, name]) / statistics.median(cpu[setup, "grpo"])
+            tokens = fed[setup, name].get("policy", 0) / max(fed[setup, "grpo"].get("policy", 0), 1)
             print(f"{name} / grpo: policy tokens {tokens:.2f}x, update time wall {wall:.2f}x, CPU {cpu_ratio:.2f}x "
                   "(paper: ~1.5x time at the step level)")
 

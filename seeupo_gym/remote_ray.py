@@ -5,20 +5,25 @@
 Each instance starts one actor (placed by Ray: `actor_options` are Ray's, e.g.
 `{"num_cpus": 1}` or `{"resources": {"envs": 1}}` to keep envs off the GPU nodes) holding
 the real env; reset/step/close are calls to it. Ray is joined as `ray.init()` finds it
-(`$RAY_ADDRESS` for a cluster; else a local instance is started). Exceptions the env raises
-come back as they are; an actor that dies (its process killed, its node lost) is a
-`RemoteEnvError`, and the vectorized agent then ends the episode as an env error and makes a
-new env, so a new actor. Every worker needs seeupo-gym installed (the `ray` extra).
+(`$RAY_ADDRESS` for a cluster); without one, a local instance is started on 127.0.0.1
+(`start_local_ray`), not on the machine's network address. Exceptions the env raises come
+back as they are; an actor that dies (its process killed, its node lost) or does not answer
+within `timeout_s` (stopped, hung: it is then killed), or answers with something an env does
+not return (`seeupo_gym.remote.checked_step`), is a `RemoteEnvError`, and the vectorized agent
+then ends the episode as an env error and makes a new env, so a new actor. Every worker needs
+seeupo-gym installed (the `ray` extra).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Mapping
 
 import gymnasium as gym
 
-from seeupo_gym.remote import RemoteEnvError
+from seeupo_gym.options import task_id_option
+from seeupo_gym.remote import RemoteEnvError, checked_reset, checked_step
 
 
 class EnvWorker:
@@ -32,6 +37,7 @@ class EnvWorker:
     def describe(self) -> dict[str, Any]:
         ids = getattr(self.env.unwrapped, "task_ids", None)
         return {
+            "pid": os.getpid(),
             "observation_space": self.env.observation_space,
             "action_space": self.env.action_space,
             "task_ids": tuple(str(t) for t in (ids() if callable(ids) else ids or ())),
@@ -61,20 +67,43 @@ def _actor_class() -> Any:
     return _ray().remote(EnvWorker)
 
 
+def start_local_ray(**init_kwargs: Any) -> None:
+    """Start a Ray instance on this machine, its services bound to 127.0.0.1.
+
+    Ray resolves a loopback node address to the machine's network address unless its
+    one-machine switch (`ENABLE_RAY_CLUSTER`, read from the environment at import) is off;
+    it is turned off for this call only and restored, since the value is Ray's."""
+    ray = _ray()
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(_node_ip_address="127.0.0.1", **{"include_dashboard": False, "log_to_driver": False, **init_kwargs})
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 class RayEnv(gym.Env[str, str]):
     """`env_id` (made with `env_kwargs`) in a Ray actor started with `actor_options`."""
 
     metadata = {"render_modes": []}
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, *,
-                 actor_options: Mapping[str, Any] | None = None) -> None:
+                 actor_options: Mapping[str, Any] | None = None, timeout_s: float = 600.0,
+                 start_timeout_s: float = 300.0) -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+            if os.environ.get("RAY_ADDRESS"):
+                ray.init(include_dashboard=False, log_to_driver=False)
+            else:
+                start_local_ray()
+        self.timeout_s = timeout_s
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self._actor = _actor_class().options(**dict(actor_options or {})).remote(env_id, self.env_kwargs)
-        described = self._get(self._actor.describe.remote(), "start")
+        self._source = f"the Ray env worker for {env_id}"
+        described = self._get("describe", (), start_timeout_s)
         self.observation_space = described["observation_space"]
         self.action_space = described["action_space"]
         self.task_ids: tuple[str, ...] = described["task_ids"]
@@ -86,30 +115,40 @@ class RayEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        return self._get(self._actor.reset.remote(seed, options), "reset")
+        task_id_option(options)  # refused here as the env would refuse it
+        result = self._get("reset", (seed, options), self.timeout_s)
+        return checked_reset(result, self.observation_space, self._source)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self._get(self._actor.step.remote(action), "step")
+        return checked_step(self._get("step", (action,), self.timeout_s), self.observation_space, self._source)
 
     def close(self) -> None:
         actor, self._actor = getattr(self, "_actor", None), None
         if actor is not None:
             ray = _ray()
             try:
-                ray.get(actor.close.remote(), timeout=60)
+                ray.get(actor.close.remote(), timeout=min(60.0, self.timeout_s))
             except Exception:  # dead already, or stuck: the kill below ends it either way
                 pass
             ray.kill(actor, no_restart=True)
         super().close()
 
-    def _get(self, ref: Any, what: str) -> Any:
+    def _get(self, what: str, args: tuple[Any, ...], timeout_s: float) -> Any:
+        """The actor's `what(*args)`, waited for at most `timeout_s`."""
         ray = _ray()
+        stage = "start" if what == "describe" else what
         if self._actor is None:
             raise RemoteEnvError(f"the Ray env worker for {self.env_id} is closed")
         try:
-            return ray.get(ref)
+            return ray.get(getattr(self._actor, what).remote(*args), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as error:
+            # A stopped or hung actor: end it, so that its env and the trainer's wait end here.
+            actor, self._actor = self._actor, None
+            ray.kill(actor, no_restart=True)
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} did not answer {stage} within {timeout_s:g} s; "
+                                 f"it was killed") from error
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-            raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {what}: {error}") from error
+            raise RemoteEnvError(f"the Ray env worker for {self.env_id} died during {stage}: {error}") from error
         except ray.exceptions.RayTaskError as error:
             # The env itself raised (a bad task id...): the caller gets that exception, as locally.
             cause = getattr(error, "cause", None)

@@ -27,3 +27,15 @@ def bounded(value: Any, limit: int) -> str:
         note = f"... [{len(text) - limit} more characters]"
         text = text[: max(0, limit - len(note))] + note
     return valid_unicode(text)
+
+
+def valid_unicode_tree(value: Any) -> Any:
+    """`value` with every string in it (dict keys included, through dicts, lists and tuples)
+    passed through `valid_unicode`: for messages that carry parsed JSON, e.g. tool-call arguments."""
+    if isinstance(value, str):
+        return valid_unicode(value)
+    if isinstance(value, dict):
+        return {valid_unicode_tree(key): valid_unicode_tree(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(valid_unicode_tree(item) for item in value)
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -34,12 +35,19 @@ class Served:
         return self.process.wait(timeout=timeout)
 
 
-def start(env_id: str, *args: str, env: dict[str, str] | None = None, startup_s: float = 120.0) -> Served:
+def start(env_id: str, *args: str, env: dict[str, str] | None = None, startup_s: float = 120.0,
+          max_open_files: int | None = None) -> Served:
     # The server's log goes to a file: a pipe nobody reads fills up and blocks the server.
     log = tempfile.TemporaryFile(mode="w+")
+
+    def limit_open_files() -> None:
+        if max_open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
     process = subprocess.Popen(
         [*SERVE, env_id, "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})},
+        preexec_fn=limit_open_files,
     )
     process.log = log  # type: ignore[attr-defined]
     deadline = time.monotonic() + startup_s

@@ -207,12 +207,20 @@ def test_calls_without_brackets_or_in_a_code_fence_are_run():
 def test_backend_errors_come_back_as_results():
     env = make()
     env.reset(options={"task_id": "multi_turn_base_0"})
-    observation, *_, info = env.step(render_action(["cd(folder='nowhere')", "cd(wrong_param=1)"]))
+    observation, *_, info = env.step(render_action(["cd(folder='nowhere')", "cd('a', 'b')"]))
     assert info["action_kind"] == "calls"
     first, second = observation.splitlines()[1:]
     # The tool's own error result, and the executor's error for a call the tool cannot take.
     assert first.startswith("[1] cd(folder='nowhere') -> ") and "No such file or directory" in first
-    assert second.startswith("[2] cd(wrong_param=1) -> Error during execution") and "wrong_param" in second
+    assert second.startswith("[2] cd('a', 'b') -> Error during execution") and "positional argument" in second
+
+
+def test_an_argument_name_the_function_does_not_take_refuses_the_response_and_names_its_parameters():
+    env = make()
+    env.reset(options={"task_id": "multi_turn_base_0"})
+    observation, *_, info = env.step(render_action(["pwd()", "cd(wrong_param=1)"]))
+    assert info["action_kind"] == "error" and info["calls"] == []
+    assert info["action_error"] == "cd: unknown argument(s) 'wrong_param'; it takes folder"
 
 
 def test_miss_func_reveals_held_back_functions_in_the_user_message():

@@ -203,7 +203,7 @@ def test_losses_cut_into_parts_with_minibatch_totals_add_up_to_the_whole():
     adv = torch.randn(4, 4, generator=generator)
     totals = core.Totals.of_mask(mask)
     for agg in core.LOSS_AGGREGATIONS:
-        kwargs = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.1, loss_agg=agg)
+        kwargs = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.1, loss_agg=agg, loss_scale_factor=7.0)
         whole, whole_stats = core.token_policy_loss(new, old, adv, ref=ref, **kwargs)
         parts = [core.token_policy_loss(core.TokenLogprobs(new.logprobs[rows], mask[rows]), old[rows], adv[rows],
                                         ref=ref[rows], totals=totals, **kwargs) for rows in ([0, 2], [1], [3])]

@@ -175,7 +175,8 @@ def test_a_microbatched_update_equals_the_whole_minibatch_update(tiny, name, opt
     (whole, policy_a, critic_a), (micro, policy_b, critic_b) = results
     assert whole["optimizer_steps"] == micro["optimizer_steps"] >= 2
     for key, value in whole.items():
-        assert micro[key] == pytest.approx(value, abs=1e-6), key
+        # Norms of summed float32 gradients (~20) differ in their last bits with the summation order.
+        assert micro[key] == pytest.approx(value, abs=1e-6, rel=1e-6 if key.endswith("grad_norm") else 0), key
     for (label, a), b in zip(policy_a.named_parameters(), policy_b.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=label)
     if needs_value:

@@ -6,7 +6,12 @@ run collects. Ray takes seconds to start: few tests, one instance for the module
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
+import gymnasium as gym
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -15,7 +20,7 @@ import seeupo_gym  # noqa: E402,F401
 from seeupo_gym.agents.backends import Backend, HFBackend, SamplingParams  # noqa: E402
 from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent  # noqa: E402
 from seeupo_gym.remote import RemoteEnvError  # noqa: E402
-from seeupo_gym.remote_ray import RayEnv  # noqa: E402
+from seeupo_gym.remote_ray import RayEnv, start_local_ray  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,7 +30,7 @@ KWARGS = {"variant": "easy", "num_tasks": 8, "max_turns": 2}
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2)  # what RayEnv starts when no cluster address is given
     yield
     ray.shutdown()
 
@@ -82,8 +87,6 @@ def test_a_worker_killed_mid_episode_ends_it_as_an_env_error_and_is_replaced(loc
         again = agent.collect(["easy-0-1", "easy-0-2"], group_size=1, seed=0)  # the new worker serves
         assert END_ENV_ERROR not in [t.info["end"] for t in again]
         with pytest.raises(RemoteEnvError, match="died"):
-            import gymnasium as gym
-
             dead = gym.make("seeupo/Ray-v0", env_id=BANDIT, env_kwargs=KWARGS)
             ray.kill(dead.unwrapped.actor, no_restart=True)
             dead.reset(seed=0)
@@ -115,3 +118,52 @@ def test_seeupo_train_on_ray_workers_collects_the_local_runs_first_step(local_ra
     # Sampled logprobs carry the decode batch's shape in their last bits (per-episode joins rows as
     # they come), hence approx; the rollouts themselves are equal (above).
     assert {k: v for k, v in runs["ray"].items() if k in rollout} == pytest.approx(rollout, rel=1e-6)
+
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+def test_a_local_ray_instance_started_without_an_address_listens_on_loopback_only(local_ray):
+    node = ray._private.worker.global_worker.node
+    assert node.node_ip_address == "127.0.0.1" and node.gcs_address.startswith("127.0.0.1:")
+    listening = set()
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:  # a short-lived worker may be gone by now
+            listening |= {(process.name(), c.laddr.ip) for c in process.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            pass
+    assert {name for name, _ in listening} >= {"gcs_server", "raylet"}
+    assert {ip for _, ip in listening} <= LOOPBACK, listening
+
+
+def test_a_stopped_worker_ends_its_step_at_the_deadline_and_is_killed(local_ray):
+    env = gym.make("seeupo/Ray-v0", env_id=BANDIT, env_kwargs=KWARGS, timeout_s=3)
+    pid = ray.get(env.unwrapped.actor.describe.remote())["pid"]
+    env.reset(seed=0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RemoteEnvError, match="did not answer step within 3 s; it was killed"):
+            env.step("A")
+        assert 3 <= time.monotonic() - start < 15
+        with pytest.raises(RemoteEnvError, match="is closed"):
+            env.step("A")
+        start = time.monotonic()
+        env.close()  # no graceful close to wait for: the worker is gone
+        assert time.monotonic() - start < 2
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_unknown_reset_options_are_refused_as_the_local_env_refuses_them(local_ray):
+    env = gym.make("seeupo/Ray-v0", env_id=BANDIT, env_kwargs=KWARGS)
+    try:
+        with pytest.raises(ValueError, match=r"unknown option\(s\) \['task'\] \(did you mean 'task_id'\?\)"):
+            env.reset(options={"task": "easy-0-1"})
+        assert env.reset(seed=0, options={"task_id": "easy-0-1"})[1]["task_id"] == "easy-0-1"
+    finally:
+        env.close()

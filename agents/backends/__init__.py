@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 # The engines a training run can generate with (`generation.backend`).
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "openai")
 
 
 def backend_class(name: str) -> type[Backend]:
@@ -27,6 +27,10 @@ def backend_class(name: str) -> type[Backend]:
         from seeupo_gym.agents.backends.vllm import VLLMBackend
 
         return VLLMBackend
+    if name == "openai":
+        from seeupo_gym.agents.backends.openai import OpenAIBackend
+
+        return OpenAIBackend
     raise ValueError(f"unknown generation backend {name!r}; choose one of {BACKENDS}")
 
 

@@ -105,6 +105,11 @@ class Backend(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot sample while the learner updates")
 
 
+class RequestError(RuntimeError):
+    """A request the backend could not serve (a remote server's bad or missing reply, after its
+    retries): the agent ends that episode (`info["end"] == "backend_error"`) and the run goes on."""
+
+
 def check_prompts(prompts: list[list[int]]) -> None:
     """Refuse empty prompts before they reach a model (which would index an empty sequence)."""
     for i, prompt in enumerate(prompts):

@@ -1,23 +1,33 @@
-"""BFCL's backends and checker, used without their hazards.
+"""BFCL's backends and scoring, used without their hazards.
 
-BFCL's own executor `eval`s the model's call strings, keeps every instance in module globals
-under names built from the model name and test id (so runs under one name share state and the
-cache only grows), and lets MathAPI set decimal's and mpmath's precision for the whole process.
+BFCL's own executor `eval`s call strings (the model's and the ground truth's), keeps every
+instance in module globals under names built from the model name and test id (so concurrent
+checks of one entry race on that cache, and it only grows), and lets MathAPI set decimal's and
+mpmath's precision for the whole process.
 
 - `EpisodeBackend` holds one episode's backend instances (GorillaFileSystem, TwitterAPI, ...),
   set up as BFCL sets them up, and dispatches validated `Call`s to their public methods
   itself: no `eval`, no module-global instance cache. Dropping the object frees the state.
+  Argument names must be parameters of the function (a model-written name never reaches
+  anything but a dict key), and the arguments of `ARGUMENT_BOUNDS` are bounded whether given
+  as numbers or as numeric strings.
+- Process-global state a backend call may write (mpmath's precision, decimal's context,
+  vehicle_control's long-context weather dict) is saved before and restored after every call,
+  under one process-wide lock, so concurrent episodes neither see nor keep each other's settings.
+  Long-context TravelAPI instances would share bfcl-eval's module-level card and booking dicts
+  (and mutate them); each instance gets private copies instead.
 - GorillaFileSystem's `cp` copies a folder shallowly (the copy shares the original's
   entries) and `mv` can share a folder's entries too, so a few calls per level double a shared
   tree: 30 levels hold 2^30 entries to every call that walks it (`du`, `find`) and to the
   checker's comparisons. Here a file system may hold at most `FILE_SYSTEM_BOUNDS` more entries
   and bytes than its scenario, counting a shared entry once per place it appears: a `cp` or
   `mv` that would pass the bound (or make a folder contain itself) is undone and reported, and
-  the response's later calls do not run. A call that did not run is not replayed by the checker.
-- `check_episode` runs BFCL's official `multi_turn_checker` on the call strings rebuilt from
-  the validated calls (literals only), under a model name unique to the check, and then
-  removes the instances the checker cached in BFCL's module globals, so nothing grows
-  across episodes and no check sees another's state.
+  the response's later calls do not run. A call that did not run is not replayed when scoring.
+- `check_episode` scores an episode as BFCL's `multi_turn_checker` does, without its executor:
+  it replays the model's validated calls and the ground truth's calls (parsed with `ast`, see
+  `ground_truth_calls`) on two fresh `EpisodeBackend`s, turn by turn, and calls bfcl-eval's own
+  `state_checker` and `response_checker` on them. Its verdicts equal the official checker's on
+  every ground-truth replay (tests/test_bfcl_scoring.py).
 
 Only `bfcl_eval.eval_checker.multi_turn_eval` and the backend modules are imported; those
 create no folders (`bfcl_eval.utils` / `model_handler` / `constants.eval_config` would).
@@ -28,15 +38,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import decimal
+import functools
 import importlib
 import inspect
 import json
+import threading
 import time
-import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from seeupo_gym.bfcl.calls import ActionError, Call
+from seeupo_gym.bfcl.calls import ActionError, Call, parse_call_list
 from seeupo_gym.bfcl.data import Entry
 from seeupo_gym.text import valid_unicode
 
@@ -112,17 +124,71 @@ def file_system_size(root: Any) -> tuple[int, int]:
     return sizes[id(root)]
 
 
-def format_result(value: Any) -> str:
-    """A call's return value as BFCL's executor reports it to the model (valid Unicode: a
-    string the call built may hold lone surrogates, written then as escapes)."""
+def result_text(value: Any) -> str:
+    """A call's return value as text, exactly as BFCL's executor writes it (what scoring compares)."""
     if type(value) is str:
-        return valid_unicode(value)
+        return value
     if type(value) is dict:
         try:
-            return json.dumps(value)  # ASCII: surrogates come out as escapes
+            return json.dumps(value)
         except (TypeError, ValueError):
-            return valid_unicode(str(value))
-    return valid_unicode(str(value))
+            return str(value)
+    return str(value)
+
+
+def format_result(value: Any) -> str:
+    """A call's return value as the model sees it: BFCL's text, in valid Unicode (a string the
+    call built may hold lone surrogates, written then as escapes)."""
+    return valid_unicode(result_text(value))
+
+
+def _numeric(value: Any) -> float | None:
+    """The number a bounded argument stands for: an int or float, or a string the backend would
+    turn into one (mpmath reads `precision='200000'` as 200000). None when it is no number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # also what int() accepts: signs, spaces, underscores, other digits
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+# The process-global state a backend call may write: mpmath's precision (MathAPI.logarithm),
+# decimal's context (MathAPI.square_root; per thread) and a dict of vehicle_control's module
+# that its long-context weather call overwrites and returns. One lock for all: the calls are
+# bounded to milliseconds, and a save/restore pair is only sound if no other thread runs between.
+_PROCESS_STATE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Run a backend call with the process-global state it may write saved and restored after it
+    (after its result is formatted: mpmath formats at the precision the call set)."""
+    import mpmath
+    from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import vehicle_control
+
+    with _PROCESS_STATE_LOCK:
+        dps = mpmath.mp.dps
+        weather = vehicle_control.LONG_WEATHER_EXTENSION
+        saved_weather = dict(weather)
+        try:
+            with decimal.localcontext():
+                yield
+        finally:
+            mpmath.mp.dps = dps
+            if weather != saved_weather:
+                weather.clear()
+                weather.update(saved_weather)
+
+
+@functools.cache
+def _parameter_names(cls: type, name: str) -> frozenset[str]:
+    """The parameters a backend method takes (the same names as its BFCL function doc)."""
+    return frozenset(inspect.signature(getattr(cls, name)).parameters) - {"self"}
 
 
 class EpisodeBackend:
@@ -139,6 +205,10 @@ class EpisodeBackend:
             if class_name not in _STATELESS:
                 scenario = copy.deepcopy(entry.initial_config.get(class_name, {}))
                 instance._load_scenario(scenario, long_context=entry.long_context)
+                if entry.long_context:
+                    # TravelAPI's long-context setup puts bfcl-eval's module-level dicts into the
+                    # instance, which its calls then mutate: private copies keep episodes apart.
+                    vars(instance).update(copy.deepcopy(vars(instance)))
             self.instances[class_name] = instance
             # Public methods only; on a name clash the later class wins, as in BFCL's executor.
             for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
@@ -158,7 +228,14 @@ class EpisodeBackend:
         """Refuse a call that is unknown or over a resource bound. Raises ActionError."""
         method = self._methods.get(call.name)
         if method is None:
-            raise ActionError(f"`{call.name}` is not an available function (see the Tools list)")
+            raise ActionError(f"`{valid_unicode(call.name[:100])}` is not an available function (see the Tools list)")
+        # A model-written name stays a dict key here, but it would be code to any executor that
+        # builds call strings: only the function's own parameter names pass.
+        parameters = _parameter_names(type(method.__self__), call.name)
+        unknown = [name for name, _ in call.kwargs if name not in parameters]
+        if unknown:
+            shown = ", ".join(repr(valid_unicode(str(name)[:100])) for name in unknown[:5])
+            raise ActionError(f"{call.name}: unknown argument(s) {shown}; it takes {', '.join(sorted(parameters)) or 'none'}")
         bounded = [(param, limit) for (name, param), limit in ARGUMENT_BOUNDS.items() if name == call.name]
         if not bounded:
             return
@@ -167,8 +244,8 @@ class EpisodeBackend:
         except TypeError:
             return  # runs and fails with BFCL's own error message
         for param, limit in bounded:
-            value = bound.arguments.get(param)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > limit:
+            number = _numeric(bound.arguments.get(param))
+            if number is not None and not abs(number) <= limit:  # also NaN and infinities
                 raise ActionError(f"{call.name}: {param} must be at most {limit:g} in absolute value")
 
     def execute_within(self, calls: tuple[Call, ...], seconds: float) -> list[str]:
@@ -198,11 +275,7 @@ class EpisodeBackend:
         file_system = self.instances.get("GorillaFileSystem")
         guarded = call.name in _SHARING_CALLS and file_system is not None and method.__self__ is file_system
         before = copy.deepcopy(vars(file_system)) if guarded else None  # keeps sharing; small by the bounds
-        with self._math_precision_kept():
-            try:
-                result = format_result(method(*call.args, **dict(call.kwargs)))
-            except Exception as error:  # a backend error is an observation, never a crash
-                result = valid_unicode(f"Error during execution: {error}")
+        result = valid_unicode(self.run(call))
         if guarded:
             try:
                 self._check_file_system(file_system)
@@ -222,21 +295,21 @@ class EpisodeBackend:
                 f"of {max_entries} entries and {max_bytes} bytes"
             )
 
-    @contextlib.contextmanager
-    def _math_precision_kept(self) -> Iterator[None]:
-        """MathAPI sets decimal's and mpmath's precision for the whole thread/process; undo it
-        after the call (and after its result is formatted) so other code is not affected."""
-        if "MathAPI" not in self.instances:
-            yield
-            return
-        import mpmath
-
-        dps = mpmath.mp.dps
-        try:
-            with decimal.localcontext():
-                yield
-        finally:
-            mpmath.mp.dps = dps
+    def run(self, call: Call) -> str:
+        """Run one call and return its result as BFCL's executor writes it (errors as text,
+        "Error during execution: ..."); process-global state is restored after it."""
+        method = self._methods.get(call.name)
+        if method is None:  # BFCL's eval would raise NameError; the env refuses such calls first
+            return f"Error during execution: name '{call.name}' is not defined"
+        # Fresh values per call, as `eval` of a call string makes them: a backend keeps the lists
+        # it is given (a tweet's `mentions`) and mutates them later, which must not reach the
+        # `Call` (replayed when scoring) or the cached ground truth.
+        args, kwargs = copy.deepcopy((call.args, dict(call.kwargs)))
+        with _process_state_kept():
+            try:
+                return result_text(method(*args, **kwargs))
+            except Exception as error:  # a backend error is an observation, never a crash
+                return f"Error during execution: {error}"
 
 
 @dataclass
@@ -251,26 +324,15 @@ class CheckResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _run_checker(entry: Entry, decoded: list[list[list[str]]], num_turns: int) -> dict:
-    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker, multi_turn_utils
+def ground_truth_calls(entry: Entry) -> tuple[tuple[Call, ...], ...]:
+    """The entry's ground truth, per user turn, parsed with `ast` into literal calls (BFCL's
+    checker `eval`s these strings). Raises ActionError on a string that is not a literal call."""
+    return _parsed_ground_truth(entry.ground_truth)
 
-    # BFCL caches instances in multi_turn_utils' globals under names built from the model name.
-    # A fresh name per run keeps runs apart; the finally block removes them.
-    model_name = f"seeupo_{uuid.uuid4().hex}"
-    try:
-        return multi_turn_checker.multi_turn_checker(
-            decoded[:num_turns],
-            [list(calls) for calls in entry.ground_truth[:num_turns]],
-            entry.raw,
-            f"multi_turn_{entry.category}",
-            model_name,
-        )
-    except Exception as error:  # a checker crash scores 0 with the reason, never kills training
-        return {"valid": False, "error_type": "seeupo:checker_error", "error_message": f"{type(error).__name__}: {error}"}
-    finally:
-        cache = vars(multi_turn_utils)
-        for key in [key for key in cache if key.startswith(model_name)]:
-            del cache[key]
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_ground_truth(ground_truth: tuple[tuple[str, ...], ...]) -> tuple[tuple[Call, ...], ...]:
+    return tuple(parse_call_list("[" + ", ".join(calls) + "]", max_calls=max(64, len(calls))) for calls in ground_truth)
 
 
 def _small_details(result: dict, limit: int = 2_000) -> dict[str, str]:
@@ -279,34 +341,71 @@ def _small_details(result: dict, limit: int = 2_000) -> dict[str, str]:
     kept = {}
     for key in ("differences", "missing_items"):
         if key in details:
-            text = json.dumps(details[key], default=str)
+            text = valid_unicode(json.dumps(details[key], default=str))
             kept[key] = text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
     return kept
 
 
-def check_episode(entry: Entry, decoded: list[list[list[str]]]) -> CheckResult:
-    """Score a finished episode with BFCL's multi_turn_checker.
+def _first_failure(entry: Entry, calls_per_turn: Sequence[Sequence[Sequence[Call]]]) -> tuple[int, dict] | None:
+    """(turn index, BFCL's failure dict) of the first turn that fails, or None: the loop of
+    bfcl-eval's `multi_turn_checker` with our dispatcher in place of its `eval` executor."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
 
-    decoded[i] holds the steps of user turn i, each the list of call strings executed in one
-    response (responses without calls are left out, as BFCL's evaluation does).
+    model, truth = EpisodeBackend(entry), EpisodeBackend(entry)
+    model_results: list[str] = []  # all turns so far: a call made early counts for later turns
+    for turn, truth_calls in enumerate(ground_truth_calls(entry)):
+        steps = calls_per_turn[turn]
+        for step in steps:
+            model_results.extend(model.run(call) for call in step)
+        truth_results = [truth.run(call) for call in truth_calls]
+        if not truth_calls:  # a turn where the request cannot be done: nothing to compare
+            continue
+        if not steps or (len(steps) == 1 and not steps[0]):
+            return turn, {
+                "valid": False,
+                "error_message": f"Model response list is empty for turn {turn}",
+                "error_type": "multi_turn:empty_turn_model_response",
+            }
+        state = state_checker(model.instances, truth.instances)
+        if not state["valid"]:
+            return turn, state
+        response = response_checker(model_results, truth_results, turn)
+        if not response["valid"]:
+            return turn, response
+    return None
+
+
+def check_episode(entry: Entry, calls_per_turn: Sequence[Sequence[Sequence[Call]]]) -> CheckResult:
+    """Score a finished episode as BFCL's multi_turn_checker does: reward 1 iff after every user
+    turn the backends' states equal the ground truth's and the results so far contain the
+    ground truth's results of that turn.
+
+    calls_per_turn[i] holds the steps of user turn i, each the calls that ran in one response
+    (responses without calls are left out, as BFCL's evaluation does).
+
+    It runs in the calling process, and that is safe: no string is `eval`ed or `exec`ed (calls are
+    `Call`s, ground truth is parsed with `ast`); every call is one the env already ran within its
+    bounds (argument bounds, file-system bounds, at most a step's call deadline), so replaying it
+    costs what the step cost, and the ground truth's own calls are BFCL's few fixed ones; each
+    episode builds its own instances, so concurrent checks share nothing; process-global state is
+    restored after every call (`_process_state_kept`). A crash in bfcl-eval's comparisons scores
+    0.0 with its reason rather than raising.
     """
     num_turns = entry.num_user_turns
-    if len(decoded) != num_turns:
-        raise ValueError(f"{entry.id}: {len(decoded)} turns of calls for {num_turns} user turns")
-    result = _run_checker(entry, decoded, num_turns)
-    if result.get("valid"):
+    if len(calls_per_turn) != num_turns:
+        raise ValueError(f"{entry.id}: {len(calls_per_turn)} turns of calls for {num_turns} user turns")
+    try:
+        failure = _first_failure(entry, calls_per_turn)
+    except Exception as error:  # never kills training: scores 0 with the reason
+        failure = 0, {"valid": False, "error_type": "seeupo:checker_error", "error_message": f"{type(error).__name__}: {error}"}
+    if failure is None:
         return CheckResult(valid=True, turn_results=["passed"] * num_turns)
-    # The checker stops at the first failing turn without naming it: the first failing prefix does.
-    failed_at = num_turns - 1
-    for prefix in range(1, num_turns):
-        if not _run_checker(entry, decoded, prefix).get("valid"):
-            failed_at = prefix - 1
-            break
+    failed_at, result = failure
     turn_results = ["passed"] * failed_at + ["failed"] + ["not_checked"] * (num_turns - failed_at - 1)
     return CheckResult(
         valid=False,
         error_type=result.get("error_type"),
-        error_message=result.get("error_message"),
+        error_message=valid_unicode(str(result.get("error_message") or "")),
         turn_results=turn_results,
         details=_small_details(result),
     )

@@ -19,8 +19,9 @@ undecodable bytes) are errors too.
 Safety: model text never reaches `eval`. The call list is parsed with `ast`; a call must be a
 bare function name with literal arguments (strings, numbers, True/False/None and lists,
 tuples, sets, dicts of them). The env then checks the name against the functions the model
-has been shown and dispatches to the backend's method itself. `Call.source` rebuilds a call
-string from the validated values (`repr` of literals) for BFCL's checker.
+has been shown (and argument names against its parameters) and dispatches to the backend's
+method itself; scoring replays the same `Call`s. `Call.source` rebuilds a call string from the
+validated values (`repr` of literals) for observations and `info["calls"]`; nothing evaluates it.
 
 Cost: integers have at most `MAX_INT_DIGITS` digits. The backends' arithmetic is then cheap
 (MathAPI's `power` with the exponent bound of `backend.ARGUMENT_BOUNDS` costs microseconds

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
-SPLITS: tuple[str, ...] = ("train", "test", "all")
+SPLITS: tuple[str, ...] = ("train", "test", "all", "paper-train", "paper-test")
 
 # Which function-doc file documents which backend class (bfcl_eval.constants has the same map,
 # but its package also holds modules that create folders on import; this one is data).
@@ -38,6 +38,12 @@ _FUNC_DOC_FILES: dict[str, str] = {
 SPLIT_SEED = "seeupo-bfcl-v4-split-v1"
 TEST_SIZE = 100
 _SPLIT_FILE = Path(__file__).with_name("split.json")
+
+# The SeeUPO paper's split (arXiv 2602.06554), as its authors' code makes it: AgentEvolver, branch
+# `seeupo` (commit 9e98eda, "Initial SeeUPO snapshot"), env_service/environments/bfcl/bfcl_dataprocess.py
+# with train_ratio 0.5 and no shuffle, saved as external/bfcl/data/BFCL_v4_multi_turn_base_{train,test}
+# .parquet: multi_turn_base entries 0-99 train, 100-199 test (read from those files). Base only.
+PAPER_SPLIT = {"paper-train": range(0, 100), "paper-test": range(100, 200)}
 
 
 class BFCLDataError(RuntimeError):
@@ -210,6 +216,12 @@ def task_ids(categories: tuple[str, ...] | list[str] = ("base",), split: str = "
         entries = load_category(category)
         if split == "all":
             chosen += [entry.id for entry in entries]
+            continue
+        if split in PAPER_SPLIT:
+            if category != "base":
+                raise ValueError(f"split {split!r} (the SeeUPO paper's) has base entries only, not {category!r}")
+            numbers = PAPER_SPLIT[split]
+            chosen += [entry.id for entry in entries if int(entry.id.rsplit("_", 1)[1]) in numbers]
             continue
         test = set(_split_file()[category])
         chosen += [entry.id for entry in entries if (entry.id in test) == (split == "test")]

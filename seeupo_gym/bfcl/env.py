@@ -6,8 +6,10 @@ Episode = one BFCL entry; one step = one model response.
   episode's own backends; the observation lists each call with its result.
 - A plain-text response ends the current user turn; the observation is the next user
   message (on miss_func's reveal turns: the newly available functions). After the last user
-  turn the episode terminates and BFCL's `multi_turn_checker` scores it: reward 1.0 iff every
-  user turn passes its state and response checks, else 0.0.
+  turn the episode terminates and is scored as BFCL's `multi_turn_checker` scores it (our
+  replay of the calls that ran, bfcl-eval's own state and response comparisons; see
+  `seeupo_gym.bfcl.backend.check_episode`): reward 1.0 iff every user turn passes its state and
+  response checks, else 0.0. No text the model wrote is ever `eval`ed, in either format.
 - Any other response (empty, too long, binary, malformed or unsafe call list, unknown
   function) is an error: nothing runs, the observation says why, the turn goes on, and the
   response still counts toward `max_turns`.
@@ -22,8 +24,8 @@ Episode = one BFCL entry; one step = one model response.
   functions are published as JSON schemas (`info["tools"]`, fixed for the episode; the system
   message leaves them to the chat template's `tools=`), the response's tool calls are read by a
   parser from `seeupo_gym.tools` (`tool_parser`, default "hermes": `<tool_call>{json}</tool_call>`)
-  and checked (known function, bounded values; names and types are left to the backend, as in
-  BFCL), and each result comes back as a `tool` message. A response
+  and checked (known function, known argument names, bounded values; types are left to the
+  backend, as in BFCL), and each result comes back as a `tool` message. A response
   without a tool call ends the user turn; miss_func's reveals list the new schemas in the user
   message. Scoring is the same checker on the same calls.
 - Every `info` key has one type at reset and in every step ("" / [] / {} when there is nothing
@@ -44,6 +46,7 @@ from seeupo_gym.bfcl.prompt import reveal_message, system_prompt, tool_schema, t
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
+from seeupo_gym.text import valid_unicode, valid_unicode_tree
 from seeupo_gym.tools import ParsedTools, assistant_message, parse_tool_response, render_tool_calls, tool_message
 from seeupo_gym.tools import tool_parser as find_tool_parser
 
@@ -57,7 +60,8 @@ class BFCLEnv(gym.Env[str, str]):
 
     Args:
         categories: BFCL categories to draw tasks from (a name or a list of names).
-        split: "train", "test" (the fixed ids in `seeupo_gym/bfcl/split.json`) or "all".
+        split: "train", "test" (the fixed ids in `seeupo_gym/bfcl/split.json`) or "all"; "paper-train" /
+            "paper-test": the SeeUPO paper's split of base (entries 0-99 / 100-199, `data.PAPER_SPLIT`).
         max_turns: responses per episode before truncation.
         keep_think: whether earlier responses keep their `<think>` block in `info["messages"]`.
         template: the ReAct template (overrides keep_think when given).
@@ -136,7 +140,7 @@ class BFCLEnv(gym.Env[str, str]):
         self._user_turn = 0
         self._turn = 0
         self._done = False
-        self._calls_per_turn: list[list[list[str]]] = [[] for _ in range(entry.num_user_turns)]
+        self._calls_per_turn: list[list[tuple[Call, ...]]] = [[] for _ in range(entry.num_user_turns)]
         held_back = {name for names in entry.revealed_functions.values() for name in names}
         self._visible: dict[str, FunctionDoc] = {
             doc.name: doc
@@ -172,9 +176,10 @@ class BFCLEnv(gym.Env[str, str]):
             parsed = parse_tool_response(
                 action, self._callable_tools, parser=self.tool_parser, template=self.template,
                 max_chars=self.max_action_chars, max_calls=self.max_calls_per_response, max_int_digits=MAX_INT_DIGITS,
-                # As in BFCL (and the react format), argument names and types go to the backend as
-                # written and its own error comes back: the ground truth itself passes a string
-                # ticket_id to an integer parameter, and the checker compares against that.
+                # As in BFCL (and the react format), argument types go to the backend as written
+                # and its own error comes back: the ground truth itself passes a string ticket_id
+                # to an integer parameter, and the checker compares against that. Argument names
+                # are checked against the function's parameters with the react format's calls.
                 check_arguments=False,
             )
             decoded = _decoded_tools(parsed)
@@ -186,9 +191,9 @@ class BFCLEnv(gym.Env[str, str]):
             decoded = self._checked(decoded, backend)
         if parsed is not None and decoded.kind == "calls":
             content = self.template.history_content(self._clip_action(parsed.content))
-            self._messages.append(assistant_message(content, parsed.calls))
+            self._messages.append(valid_unicode_tree(assistant_message(content, parsed.calls)))
         else:
-            self._messages.append({"role": "assistant", "content": self.template.history_content(self._clip_action(text))})
+            self._messages.append({"role": "assistant", "content": valid_unicode(self.template.history_content(self._clip_action(text)))})
 
         terminated = False
         reward = 0.0
@@ -197,8 +202,9 @@ class BFCLEnv(gym.Env[str, str]):
         action_error = decoded.error or ""
         if decoded.kind == "calls":
             results = backend.execute_within(decoded.calls, self.call_seconds_per_step)
-            executed = [call.source for call in decoded.calls[: len(results)]]
-            self._calls_per_turn[self._user_turn].append(executed)
+            ran = decoded.calls[: len(results)]
+            executed = [call.source for call in ran]
+            self._calls_per_turn[self._user_turn].append(ran)
             observation = _results_observation(decoded.calls, results, backend.stop_reason)
             if parsed is not None:
                 tool_messages = [
@@ -237,7 +243,9 @@ class BFCLEnv(gym.Env[str, str]):
                 turn_results=["not_checked"] * entry.num_user_turns,
             )
         self._done = terminated or truncated
-        observation = self._clip(observation)
+        # Model text (JSON escapes, names quoted in errors) may hold lone surrogates: none leave.
+        observation = valid_unicode(self._clip(observation))
+        action_error = valid_unicode(action_error)
         if not terminated and parsed is not None and decoded.kind == "calls":
             self._messages.extend(tool_messages)
         elif not terminated:
@@ -252,6 +260,14 @@ class BFCLEnv(gym.Env[str, str]):
         super().close()
 
     # ------------------------------------------------------------------ helpers
+
+    @property
+    def calls_per_turn(self) -> list[list[list[str]]]:
+        """The calls that ran, as bfcl-eval's result files hold them: per user turn that ended, per
+        response, the call strings (rebuilt from validated values, never the model's text). A turn
+        still open (a truncated episode) is left out, as BFCL's inference leaves out a turn it
+        force-terminated."""
+        return [[[call.source for call in calls] for calls in turn] for turn in self._calls_per_turn[: self._user_turn]]
 
     @property
     def entry(self) -> Entry | None:

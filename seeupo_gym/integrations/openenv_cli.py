@@ -1,7 +1,10 @@
 """`seeupo-serve ENV_ID [--host 127.0.0.1] [--port N] [--max-sessions N] [key=value ...]`.
 
 Serves a registered env over the OpenEnv protocol (`openenv_server`); the key=value pairs are
-the env's kwargs (values read as YAML scalars: `max_turns=4`, `categories=[base,miss_func]`).
+the env's kwargs (values read as YAML scalars: `max_turns=4`, `categories=[base,miss_func]`);
+`--session-kwargs max_turns,split` lets each session choose those kwargs at reset.
+At most `--max-connections` connections are open at once and each must send its request head
+within `--header-timeout` seconds, both enforced before any token check (`connections.py`).
 Binding anything but a loopback address requires a token (`--token-file` or
 `$SEEUPO_SERVE_TOKEN`), which clients then send as `Authorization: Bearer <token>`.
 SIGTERM or Ctrl-C closes every session's env (an AppWorld env kills its sandboxes) and exits.
@@ -65,6 +68,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seconds after which an idle session is closed (default 600)")
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20,
                         help="largest request body or WebSocket message (default 1 MiB)")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="most open connections, WebSocket sessions included; more are closed at once (default 256)")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection has to send a request head (default 10)")
+    parser.add_argument("--body-timeout", type=float, default=60.0,
+                        help="seconds a request has to send its body (default 60)")
+    parser.add_argument("--session-kwargs", default="",
+                        help="comma-separated env kwargs a session may set at reset (default: none)")
     parser.add_argument("--token-file", help=f"file holding the token clients must send (or ${TOKEN_ENV})")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("env_kwargs", nargs="*", metavar="key=value", help="env kwargs, e.g. max_turns=4")
@@ -79,14 +90,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvicorn
 
+        from seeupo_gym.integrations.connections import BoundedConnections
         from seeupo_gym.integrations.openenv_server import create_app
     except ImportError as error:
         raise SystemExit(f"seeupo-serve needs the serve extra: pip install 'seeupo-gym[serve]' ({error})") from None
 
     env_kwargs = parse_env_kwargs(args.env_kwargs)
+    session_kwargs = tuple(name.strip() for name in args.session_kwargs.split(",") if name.strip())
     try:
+        http = BoundedConnections.configured(max_connections=args.max_connections,
+                                             header_timeout_s=args.header_timeout)
         app = create_app(args.env_id, env_kwargs, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
-                         max_request_bytes=args.max_request_bytes, token=token)
+                         max_request_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout, token=token,
+                         session_kwargs=session_kwargs)
     except Exception as error:
         raise SystemExit(f"seeupo-serve: cannot serve {args.env_id} with {env_kwargs}: {error}") from None
 
@@ -99,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"seeupo-serve: {args.env_id} at http://{shown}:{port} (at most {args.max_sessions} sessions)", flush=True)
     config = uvicorn.Config(
         app,
+        http=http,
+        # asyncio accepts up to `backlog` connections per loop turn before any of them reaches the
+        # cap check: a small backlog keeps that transient number of descriptors small too.
+        backlog=min(128, args.max_connections),
         log_level=args.log_level,
         ws_max_size=args.max_request_bytes,
         h11_max_incomplete_event_size=64 * 1024,  # request line and headers

@@ -12,14 +12,21 @@ The wire contract (docs in the README, "Serving envs"):
 - `/health`, `/schema`, `/metadata`, `/state` are openenv-core's; POST `/reset` works as
   there (a fresh env per request, closed after answering); POST `/step` has no episode to
   step (OpenEnv's HTTP endpoints are stateless) and says so;
-- GET `/seeupo/env` describes the served env (id, kwargs, spaces, task ids) for the gymnasium
-  client `seeupo/Remote-v0`.
+- GET `/seeupo/env` describes the served env (id, kwargs, the env's defaults, the kwargs a
+  session may set, spaces, task ids) for the gymnasium client `seeupo/Remote-v0`;
+- a reset may carry `"env_kwargs": {...}`: the session's env is then made with the server's
+  kwargs updated by these, for keys the operator allowed (`session_kwargs`); reset options
+  are the env's own (`seeupo_gym.options`: an unknown one is refused).
 
 Bounds: at most `max_sessions` live envs (WebSocket sessions and HTTP resets together;
 openenv-core refuses a session past it with CAPACITY_REACHED), idle sessions closed by
 openenv-core's reaper, request bodies and WebSocket messages at most `max_request_bytes`, a
-bearer token required on every route but `/health` when one is set. Errors a client causes
-come back as error messages (WebSocket) or 4xx answers (HTTP); the server goes on.
+request body complete within `body_timeout_s`, a bearer token required on every route but
+`/health` when one is set. A session lives as long as the WebSocket that made it: HTTP
+`POST /mcp` may not create or address sessions (they would outlive their connection). The
+connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
+sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
+messages (WebSocket) or 4xx answers (HTTP); the server goes on.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import inspect
 import json
 import logging
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 from fastapi import FastAPI, Request, WebSocketDisconnect
@@ -42,10 +50,12 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, ConcurrencyConfig, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
+from seeupo_gym.text import valid_unicode
+
 logger = logging.getLogger(__name__)
 
-# Reset options every env reads (seeupo_gym.options); an env may declare more in `reset_options`.
-RESET_OPTIONS = ("task_id",)
+# The reset field that carries a session's env kwargs (not an env option).
+SESSION_KWARGS_FIELD = "env_kwargs"
 
 
 class SessionError(RuntimeError):
@@ -67,13 +77,17 @@ class TextObservation(Observation):
 
 
 def json_safe(value: Any) -> Any:
-    """`value` as JSON types: tuples become lists, keys strings, numpy scalars Python numbers."""
-    if value is None or isinstance(value, (bool, int, str)):
+    """`value` as JSON types: tuples become lists, keys strings, numpy scalars Python numbers,
+    strings valid Unicode (a lone surrogate cannot be encoded, so it would fail this answer
+    and, kept in the env's messages, every later one)."""
+    if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, str):
+        return valid_unicode(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):
-        return {str(key): json_safe(item) for key, item in value.items()}
+        return {json_safe(str(key)): json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(item) for item in value]
     item = getattr(value, "item", None)  # numpy scalars
@@ -82,7 +96,20 @@ def json_safe(value: Any) -> Any:
             return json_safe(item())
         except (TypeError, ValueError):
             pass
-    return str(value)
+    return valid_unicode(str(value))
+
+
+def default_kwargs(env_id: str) -> dict[str, Any]:
+    """The kwargs `gym.make(env_id)` makes the env with: its constructor's defaults updated by
+    the registration's kwargs (JSON-safe), so that clients compare kwargs by value."""
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    defaults = {name: parameter.default for name, parameter in inspect.signature(creator).parameters.items()
+                if parameter.default is not inspect.Parameter.empty
+                and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    return json_safe({**defaults, **spec.kwargs})
 
 
 class Slots:
@@ -114,11 +141,13 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session has its own env instance
 
-    def __init__(self, env_id: str, make_env: Callable[[], gym.Env], slots: Slots, live: set["GymSession"],
-                 lock: threading.Lock) -> None:
+    def __init__(self, env_id: str, make_env: Callable[[dict[str, Any]], gym.Env], slots: Slots,
+                 live: set["GymSession"], lock: threading.Lock, session_kwargs: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.env_id = env_id
         self._make_env = make_env
+        self._session_kwargs = session_kwargs
+        self._env_kwargs: dict[str, Any] = {}  # what this session's env was made with, beyond the server's
         self._slots = slots
         self._live, self._live_lock = live, lock
         self._env: gym.Env | None = None
@@ -155,12 +184,12 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
             raise SessionError(f"reset: seed must be a non-negative integer or null, got {seed!r}")
         if episode_id is not None and not isinstance(episode_id, str):
             raise SessionError(f"reset: episode_id must be a string, got {episode_id!r}")
+        env_kwargs = self._checked_env_kwargs(options.pop(SESSION_KWARGS_FIELD, None))
+        if self._env is not None and env_kwargs != self._env_kwargs:
+            self._close_env()
+        self._env_kwargs = env_kwargs
         env = self._ensure_env()
-        accepted = RESET_OPTIONS + tuple(getattr(env.unwrapped, "reset_options", ()))
-        unknown = sorted(set(options) - set(accepted))
-        if unknown:
-            raise SessionError(f"reset: unknown option(s) {unknown}; this env takes seed, episode_id and {list(accepted)}")
-        self._done = True  # until the env's reset succeeds
+        self._done = True  # until the env's reset succeeds (it refuses unknown options itself)
         observation, info = env.reset(seed=seed, options=options or None)
         self._episode_id, self._turn, self._done = episode_id, 0, False
         self._task_id = str(info.get("task_id")) if isinstance(info, dict) else None
@@ -191,9 +220,27 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         if self._closed:
             return
         self._closed = True
-        env, self._env = self._env, None
         with self._live_lock:
             self._live.discard(self)
+        self._close_env()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _checked_env_kwargs(self, requested: Any) -> dict[str, Any]:
+        if requested is None:
+            return {}
+        if not isinstance(requested, dict):
+            raise SessionError(f"reset: {SESSION_KWARGS_FIELD} must be an object of env kwargs, got {requested!r:.100}")
+        refused = sorted(set(requested) - set(self._session_kwargs))
+        if refused:
+            allowed = list(self._session_kwargs) or "none (the operator allows them with --session-kwargs)"
+            raise SessionError(f"reset: this server does not let a session set env kwargs {refused[:8]}; "
+                               f"a session may set: {allowed}")
+        return dict(requested)
+
+    def _close_env(self) -> None:
+        env, self._env = self._env, None
+        self._done = True
         if env is not None:
             try:
                 env.close()
@@ -202,17 +249,18 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
             finally:
                 self._slots.give_back()
 
-    # ------------------------------------------------------------------ helpers
-
     def _ensure_env(self) -> gym.Env:
         if self._closed:
             raise SessionError(self._closed_message())
         if self._env is None:
             self._slots.take()
             try:
-                self._env = self._make_env()
-            except BaseException:
+                self._env = self._make_env(self._env_kwargs)
+            except BaseException as error:
                 self._slots.give_back()
+                if self._env_kwargs and isinstance(error, Exception):
+                    raise SessionError(f"reset: cannot make {self.env_id} with the session's env kwargs "
+                                       f"{json_safe(self._env_kwargs)}: {error}") from None
                 raise
         return self._env
 
@@ -223,7 +271,7 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
     def _observation(self, text: Any, reward: float | None, terminated: bool, truncated: bool,
                      info: Any) -> TextObservation:
         safe = json_safe(info if isinstance(info, dict) else {})
-        return TextObservation(text=str(text), truncated=truncated, info=safe, done=terminated or truncated,
+        return TextObservation(text=valid_unicode(str(text)), truncated=truncated, info=safe, done=terminated or truncated,
                                reward=reward, metadata=safe)
 
 
@@ -271,15 +319,23 @@ def create_app(
     max_sessions: int = 32,
     idle_timeout_s: float = 600.0,
     max_request_bytes: int = 1 << 20,
+    body_timeout_s: float = 60.0,
     token: str | None = None,
+    session_kwargs: tuple[str, ...] | list[str] = (),
 ) -> FastAPI:
     """The FastAPI app serving `env_id` (made with `env_kwargs`); one env per session.
 
+    `session_kwargs` names the env kwargs a session may set at reset (default: none).
     The env is made once here, to fail early on bad kwargs and to describe its spaces and tasks.
     """
     import seeupo_gym  # noqa: F401  (registers the ids)
 
     env_kwargs = dict(env_kwargs or {})
+    session_kwargs = tuple(session_kwargs)
+    defaults = default_kwargs(env_id)
+    unknown = sorted(set(session_kwargs) - set(defaults))
+    if unknown:
+        raise ValueError(f"session_kwargs {unknown} are not kwargs of {env_id}; it takes {sorted(defaults)}")
     if max_sessions < 1:
         raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
     if idle_timeout_s < 5:
@@ -290,6 +346,9 @@ def create_app(
         description = {
             "env_id": env_id,
             "env_kwargs": json_safe(env_kwargs),
+            "default_kwargs": defaults,
+            "resolved_kwargs": {**defaults, **json_safe(env_kwargs)},
+            "session_kwargs": list(session_kwargs),
             "observation_space": space_description(probe.observation_space),
             "action_space": space_description(probe.action_space),
             "task_ids": [str(t) for t in (task_ids() if callable(task_ids) else task_ids or [])],
@@ -302,13 +361,13 @@ def create_app(
     live: set[GymSession] = set()
     live_lock = threading.Lock()
 
-    def make_env() -> gym.Env:
+    def make_env(overrides: Mapping[str, Any]) -> gym.Env:
         # The probe above ran gymnasium's checker. Its passive checker breaks an env whose first
         # reset raised (a client's bad task id): every later step fails unpacking None.
-        return gym.make(env_id, disable_env_checker=True, **env_kwargs)
+        return gym.make(env_id, disable_env_checker=True, **{**env_kwargs, **overrides})
 
     def session() -> GymSession:
-        return GymSession(env_id, make_env, slots, live, live_lock)
+        return GymSession(env_id, make_env, slots, live, live_lock, session_kwargs)
 
     app = FastAPI(title=f"seeupo-serve {env_id}", docs_url=None, redoc_url=None)
     server = SessionServer(
@@ -341,19 +400,22 @@ def create_app(
 
     app.router.on_shutdown.append(close_all)
     app.state.close_all = close_all
-    return BoundedRequests(app, max_request_bytes=max_request_bytes, token=token)  # type: ignore[return-value]
+    return BoundedRequests(app, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s,  # type: ignore[return-value]
+                           token=token)
 
 
 class BoundedRequests:
-    """ASGI guard in front of the app: request bodies at most `max_request_bytes` (413), and,
-    with a token, `Authorization: Bearer <token>` (or HTTP basic auth with the token as the
-    password, which WebSocket clients send from a `ws://user:token@host` URL) on every route but
-    /health (401 / a refused WebSocket handshake)."""
+    """ASGI guard in front of the app: request bodies at most `max_request_bytes` (413) and
+    complete within `body_timeout_s` (408); with a token, `Authorization: Bearer <token>` (or
+    HTTP basic auth with the token as the password, which WebSocket clients send from a
+    `ws://user:token@host` URL) on every route but /health (401 / a refused WebSocket
+    handshake); HTTP `POST /mcp` refused when it would create, close or address a session."""
 
-    def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None) -> None:
+    def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0) -> None:
         self.app = app
         self.state = app.state
         self.max_request_bytes = max_request_bytes
+        self.body_timeout_s = body_timeout_s
         self._token = token.encode() if token else None
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -375,14 +437,23 @@ class BoundedRequests:
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
             return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
         body, more = bytearray(), True
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
         while more:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                return await _send_json(send, 408, f"request body not complete within {self.body_timeout_s:g} s")
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_request_bytes:
                 return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
+        if scope.get("path") == "/mcp" and scope.get("method") == "POST":
+            refusal = _http_session_request(bytes(body))
+            if refusal is not None:
+                return await _send_json(send, 200, refusal)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -409,8 +480,32 @@ class BoundedRequests:
         return False
 
 
-async def _send_json(send: Callable, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+def _http_session_request(body: bytes) -> dict[str, Any] | None:
+    """A JSON-RPC error for an HTTP MCP request that creates, closes or addresses a session, else None.
+
+    openenv-core keeps such sessions until its idle reaper runs, however soon their client
+    goes, and lets any request that names a session id use it; over a WebSocket (/ws, /mcp) a
+    session is freed when its connection closes and no other connection reaches it."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None  # openenv-core answers a parse error itself
+    if not isinstance(request, dict):
+        return None
+    method, params = request.get("method"), request.get("params")
+    if not (isinstance(method, str) and method.startswith("openenv/session/")) and not (
+            isinstance(params, dict) and "session_id" in params):
+        return None
+    request_id = request.get("id")
+    return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None, "error": {
+        "code": -32600,
+        "message": "sessions over HTTP POST /mcp would outlive their connection: open a WebSocket session at /ws "
+                   "(or /mcp); it lasts as long as that connection",
+    }}
+
+
+async def _send_json(send: Callable, status: int, detail: str | dict[str, Any]) -> None:
+    body = json.dumps(detail if isinstance(detail, dict) else {"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -174,7 +174,19 @@ class BFCLEnvironment(_SeeupoEnvironment):
         Args:
             reply: Your answer to the user.
         """
-        return self._step(reply if isinstance(reply, str) and reply.strip() else _TURN_END)[0]
+        return self._step(self._plain_reply(reply))[0]
+
+    def _plain_reply(self, reply: Any) -> str:
+        """`reply` when the env reads it as plain text, else `_TURN_END`: a reply holding tool-call
+        markup (or anything the env's parser would not take as text) must end the turn, not run calls."""
+        from seeupo_gym.tools import parse_tool_response
+
+        if not isinstance(reply, str) or not reply.strip():
+            return _TURN_END
+        env = self._env.unwrapped
+        parsed = parse_tool_response(reply, [], parser=env.tool_parser, template=env.template,
+                                     max_chars=env.max_action_chars)
+        return reply if parsed.error is None and not parsed.calls else _TURN_END
 
     def _closing_action(self) -> str:
         return _TURN_END

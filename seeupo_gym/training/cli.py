@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
 
@@ -157,7 +157,19 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--split", help="the env's task split, e.g. test (sets env.kwargs.split; BFCL, AppWorld)")
     source.add_argument("--tasks", help="comma-separated task ids (default: env.eval_tasks, else all of the env's tasks)")
     source.add_argument("--max-tasks", type=int, help="evaluate only the first N tasks")
+    server = parser.add_argument_group("a model on an OpenAI-compatible server (vLLM, SGLang, an API)")
+    server.add_argument("--base-url", help="the server's URL, e.g. http://127.0.0.1:8000/v1; --model is the served name")
+    server.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the API key (default OPENAI_API_KEY; never printed)")
+    server.add_argument("--mode", choices=("chat", "tokens"), default="chat",
+                        help="chat: messages and tools (any API model); tokens: token ids and logprobs "
+                             "(vLLM's completions extensions; needs --tokenizer)")
+    server.add_argument("--tokenizer", help="tokens mode: the served model's tokenizer ('tiny', 'embedded', an id or path)")
+    server.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
     metric = parser.add_argument_group("how")
+    metric.add_argument("--protocol", choices=("paper",),
+                        help="paper: the SeeUPO paper's evaluation (its preset's test split, each task 4 times at "
+                             "temperature 0, avg@4 and pass@4 in the paper's table layout)")
     metric.add_argument("-k", type=int, default=1, help="k of avg@k / pass@k (default 1)")
     metric.add_argument("-n", type=int, help="rollouts per task, >= k (default k); n > k lowers the variance of pass@k")
     metric.add_argument("--temperature", type=float, help="sampling temperature (default: sampling.temperature)")
@@ -169,16 +181,48 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     output = parser.add_argument_group("output")
     output.add_argument("--out", help="write the result as JSON to this file")
     output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
+    output.add_argument("--export-bfcl", metavar="DIR",
+                        help="BFCL: also write the episodes as bfcl-eval result files (DIR/rollout-<r>/"
+                             "BFCL_v4_multi_turn_<category>_result.json), for bfcl-eval's own evaluation")
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
     output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
     return parser.parse_args(argv)
 
 
+PAPER_PRESETS = {"seeupo/BFCL-v4-v0": "paper-bfcl", "seeupo/BFCL-v4-base-v0": "paper-bfcl", "seeupo/AppWorld-v0": "paper-appworld"}
+PAPER_K = 4
+
+
+def _apply_protocol(args: argparse.Namespace) -> None:
+    """--protocol paper: the paper's preset for the env, 4 rollouts per task at temperature 0 (its
+    authors' eval_pass_n and verl's validation sampling; see the presets' comments)."""
+    if args.protocol != "paper":
+        return
+    if args.config is None:
+        env = args.env or "seeupo/BFCL-v4-v0"
+        if env not in PAPER_PRESETS:
+            raise ConfigError(f"--protocol paper covers {sorted(PAPER_PRESETS)}, not {env!r}")
+        args.config = PAPER_PRESETS[env]
+    if (args.k, args.n) not in ((1, None), (PAPER_K, None), (PAPER_K, PAPER_K)):
+        raise ConfigError(f"--protocol paper fixes k = n = {PAPER_K}; leave -k and -n out")
+    args.k, args.n = PAPER_K, PAPER_K
+    if args.temperature is None:
+        args.temperature = 0.0
+
+
+def paper_table(result: Any) -> str:
+    """The result as a row of the paper's results table (avg@4 and pass@4, in percent)."""
+    bench = "AppWorld" if "AppWorld" in result.env_id else "BFCL"
+    return (f"| model | {bench} avg@{result.k} | {bench} pass@{result.k} |\n|---|---|---|\n"
+            f"| {result.model} | {100 * result.avg_at_k:.1f} | {100 * result.pass_at_k:.1f} |")
+
+
 def eval_main(argv: list[str] | None = None) -> int:
     args = parse_eval_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        _apply_protocol(args)
         config = resolve_config(args.config, args.checkpoint, args.overrides)
         if args.model:
             config.model.name_or_path = args.model
@@ -196,6 +240,8 @@ def eval_main(argv: list[str] | None = None) -> int:
         from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids
 
         env_kwargs = eval_env_kwargs(config.env, flags)
+        if args.export_bfcl and "BFCL" not in config.env.id:
+            raise ConfigError(f"--export-bfcl writes bfcl-eval result files: it needs a BFCL env, not {config.env.id}")
         if args.tasks:
             tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         else:
@@ -212,23 +258,28 @@ def eval_main(argv: list[str] | None = None) -> int:
         )
         from seeupo_gym.training.checkpoint import HF_FOLDER, load_policy
 
-        if args.checkpoint is None or not (Path(args.checkpoint) / HF_FOLDER).is_dir():
+        if args.base_url is None and (args.checkpoint is None or not (Path(args.checkpoint) / HF_FOLDER).is_dir()):
             check_model_source(config.model.name_or_path)
         print(f"seeupo-eval: {config.model.name_or_path}{' @ ' + args.checkpoint if args.checkpoint else ''} on "
               f"{config.env.id}: {len(tasks)} tasks x {n} rollouts, at most {max_new_tokens} new tokens per turn "
               "(--max-new-tokens)", file=sys.stderr)
-        model, tokenizer = load_policy(config, args.checkpoint)
+        if args.base_url is not None:
+            backend, tokenizer = _server_backend(args, config.model.name_or_path)
+        else:
+            from seeupo_gym.agents.backends import HFBackend
+
+            model, tokenizer = load_policy(config, args.checkpoint)
+            backend = HFBackend(model, tokenizer)
     except ConfigError as error:
         print(f"seeupo-eval: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a model or checkpoint that does not load: the cause, not a traceback
         print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
-    from seeupo_gym.agents.backends import HFBackend
     from seeupo_gym.training.evaluation import evaluate_policy
 
     result = evaluate_policy(
-        HFBackend(model, tokenizer),
+        backend,
         tokenizer,
         config.env.id,
         tasks,
@@ -238,11 +289,11 @@ def eval_main(argv: list[str] | None = None) -> int:
         top_p=config.sampling.top_p,
         max_new_tokens=max_new_tokens,
         seed=args.seed,
-        num_envs=args.num_envs or config.env.num_envs,
+        num_envs=args.num_envs or (args.concurrency if args.base_url else config.env.num_envs),
         max_context_tokens=config.env.max_context_tokens,
         env_kwargs=env_kwargs,
         progress=not args.no_progress,
-        keep_rollouts=bool(args.rollouts),
+        keep_rollouts=bool(args.rollouts or args.export_bfcl),
         agent_options=agent_options(config.env),
     )
     result.model = config.model.name_or_path
@@ -256,6 +307,11 @@ def eval_main(argv: list[str] | None = None) -> int:
         with open(args.rollouts, "w") as f:
             for record in result.rollouts:
                 f.write(json.dumps(record, default=str) + "\n")
+    if args.export_bfcl:
+        from seeupo_gym.bfcl.export import write_results
+
+        written = write_results(result.rollouts, args.export_bfcl, env_kwargs)
+        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}", file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
@@ -263,7 +319,33 @@ def eval_main(argv: list[str] | None = None) -> int:
               f"{result.env_kwargs}: {len(result.tasks)} tasks x {n} rollouts, T={result.temperature}, "
               f"{result.wall_seconds:.1f} s")
         print(result.table())
+        if args.protocol == "paper":
+            print(paper_table(result))
     return 0
+
+
+def _server_backend(args: argparse.Namespace, model: str) -> tuple[Any, Any]:
+    """The OpenAIBackend of --base-url (and, in tokens mode, the tokenizer the agent keeps contexts in)."""
+    from seeupo_gym.agents.backends.openai import OpenAIBackend
+
+    if args.checkpoint:
+        raise ConfigError("--base-url evaluates the served model; load the checkpoint into the server instead of --checkpoint")
+    tokenizer = None
+    vocab_size = None
+    stop_ids: tuple[int, ...] = ()
+    if args.mode == "tokens":
+        if not args.tokenizer:
+            raise ConfigError("--mode tokens needs --tokenizer (the served model's: 'tiny', 'embedded', an id or a path)")
+        from seeupo_gym.agents.models import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+        vocab_size = len(tokenizer)
+        stop_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
+    backend = OpenAIBackend(args.base_url, model, mode=args.mode, api_key_env=args.api_key_env, vocab_size=vocab_size,
+                            stop_token_ids=stop_ids, max_concurrency=args.concurrency)
+    return backend, tokenizer
 
 
 def _settings_given(args: argparse.Namespace) -> bool:

@@ -14,6 +14,7 @@ passed to that algorithm's config class, which names its own allowed options.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import yaml
+
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -38,6 +42,9 @@ class LoraConfig:
     dropout: float = 0.0
     # "all-linear" or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].
     target_modules: str | list[str] = "all-linear"
+    # The adapter on the last k decoder layers only; null: every layer. The layers below stay frozen
+    # and the learner computes their states once per trajectory (model.trunk_cache_mib).
+    last_layers: int | None = None
 
 
 @dataclass
@@ -53,6 +60,10 @@ class ModelConfig:
     max_tokens_per_microbatch: int = 8192
     # Deprecated and ignored (superseded by max_tokens_per_microbatch); kept so old configs load.
     forward_batch_size: int = 8
+    # When the leading layers are frozen (lora.last_layers), their states are computed once per
+    # trajectory and reused by every pass of a step, held up to this many MiB per process (a trajectory
+    # costs tokens x hidden x bytes per element; what does not fit is recomputed); 0: off.
+    trunk_cache_mib: int = 2048
 
 
 @dataclass
@@ -93,6 +104,16 @@ class SamplingConfig:
     max_new_tokens: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
+    # T of the learner's log_softmax(logits / T) in every pass (old, reference, gradient); null: the
+    # sampling temperature (1 when greedy), as verl and TRL. Another value trains a different
+    # distribution than the one sampled: refused with train.max_staleness > 0, warned about otherwise.
+    logprob_temperature: float | None = None
+
+    def learner_temperature(self) -> float:
+        """The temperature the learner scores at (`logprob_temperature` resolved)."""
+        if self.logprob_temperature is not None:
+            return self.logprob_temperature
+        return self.temperature or 1.0  # backends record greedy turns at temperature 1
 
 
 @dataclass
@@ -100,8 +121,17 @@ class GenerationConfig:
     """Which engine samples the rollouts; weights are pushed to it after every update."""
 
     # "hf": transformers on the module being trained (no copy, no extra install);
-    # "vllm": a vLLM engine colocated on the training device(s) (`pip install seeupo-gym[vllm]`).
-    backend: Literal["hf", "vllm"] = "hf"
+    # "vllm": a vLLM engine colocated on the training device(s) (`pip install seeupo-gym[vllm]`);
+    # "openai": an OpenAI-compatible server of yours in tokens mode (`vllm serve`), see base_url.
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    # openai: the server (e.g. http://127.0.0.1:8000/v1); the model name it serves (null:
+    # model.name_or_path); the env var holding its API key; requests in flight at once; a folder
+    # the server can read, where each update's adapter (LoRA) or weights are written for it to load.
+    base_url: str | None = None
+    served_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = 32
+    weights_dir: str | None = None
     # hf: bound of the prefix cache (KV states reused across turns and a group's rollouts); 0: off.
     prefix_cache_mib: int = 1024
     # vllm: fraction of the device memory vLLM may take (weights + KV cache); the rest is training's.
@@ -398,6 +428,9 @@ def _check_values(config: Config) -> None:
         raise ConfigError(
             f"generation.gpu_memory_utilization must be in (0, 1], got {config.generation.gpu_memory_utilization}"
         )
+    positive("generation.max_concurrency", config.generation.max_concurrency)
+    if config.generation.backend == "openai" and not config.generation.base_url:
+        raise ConfigError("generation.backend is openai: set generation.base_url to your server, e.g. http://127.0.0.1:8000/v1")
     positive("env.num_envs", config.env.num_envs)
     positive("env.max_context_tokens", config.env.max_context_tokens)
     positive("model.max_tokens_per_microbatch", config.model.max_tokens_per_microbatch)
@@ -408,8 +441,12 @@ def _check_values(config: Config) -> None:
     positive("train.keep_checkpoints", config.train.keep_checkpoints)
     if not 0 < config.sampling.top_p <= 1:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {config.sampling.top_p}")
+    _check_logprob_temperature(config)
+    non_negative("model.trunk_cache_mib", config.model.trunk_cache_mib)
     if config.model.lora is not None:
         positive("model.lora.r", config.model.lora.r)
+        if config.model.lora.last_layers is not None:
+            positive("model.lora.last_layers", config.model.lora.last_layers)
         if config.model.lora.dropout != 0:
             raise ConfigError(
                 f"model.lora.dropout is {config.model.lora.dropout}; it must be 0: ratios compare two passes "
@@ -418,6 +455,23 @@ def _check_values(config: Config) -> None:
     for key, tasks in (("env.train_tasks", config.env.train_tasks), ("env.eval_tasks", config.env.eval_tasks)):
         if tasks is not None and not tasks:
             raise ConfigError(f"{key} is an empty list; give task ids or null for all of the env's tasks")
+
+
+def _check_logprob_temperature(config: Config) -> None:
+    s = config.sampling
+    if s.logprob_temperature is None:
+        return
+    if not s.logprob_temperature > 0:
+        raise ConfigError(f"sampling.logprob_temperature must be > 0 or null, got {s.logprob_temperature}")
+    sampled = s.temperature or 1.0
+    if abs(s.logprob_temperature - sampled) <= 1e-6 * sampled:
+        return
+    message = (f"sampling.logprob_temperature is {s.logprob_temperature} but the rollouts' logprobs are at "
+               f"temperature {sampled}")
+    if config.train.max_staleness > 0:
+        raise ConfigError(f"{message}: with train.max_staleness > 0 the importance weights would compare two "
+                          "distributions; leave sampling.logprob_temperature null (the sampling temperature)")
+    logger.warning("%s: the learner trains another distribution than the one that sampled", message)
 
 
 def save_config(config: Config, path: str | Path) -> None:

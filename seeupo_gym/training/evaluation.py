@@ -54,6 +54,8 @@ class EvalResult:
     model: str = ""
     checkpoint: str | None = None
     rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    # Episodes a remote model server ended (no usable reply after retries), scored as failures.
+    backend_errors: int = 0
 
     @property
     def avg_at_k(self) -> float:
@@ -80,6 +82,7 @@ class EvalResult:
             "tasks": [dataclasses.asdict(task) for task in self.tasks],
             "wall_seconds": self.wall_seconds,
             "generated_tokens": self.generated_tokens,
+            "backend_errors": self.backend_errors,
         }
 
 
@@ -159,38 +162,65 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    with tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress, leave=False) as bar, VectorAgent(
-        env_id,
-        _TurnProgress(backend, bar) if progress else backend,
-        tokenizer,
-        num_envs=num_envs,
-        sampling=sampling,
-        max_context_tokens=max_context_tokens,
-        env_kwargs=env_kwargs,
-        **(agent_options or {}),
-    ) as agent:
-        for index, begin in enumerate(range(0, len(tasks), chunk)):
-            part = tasks[begin : begin + chunk]
-            batch = agent.collect(part, n, seed=derive_seed(seed, index))
-            tokens += agent.last_stats.generated_tokens
-            for trajectory in batch:
-                category = trajectory_category(trajectory)
-                outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
-                if keep_rollouts:
-                    rollouts.append(
-                        {
-                            "task_id": trajectory.task_id,
-                            "rollout_id": trajectory.rollout_id,
-                            "category": category,
-                            "reward": float(trajectory.reward),
-                            "success": bool(trajectory.success),
-                            "truncated": bool(trajectory.truncated),
-                            "turns": trajectory.num_turns,
-                            "end": trajectory.info.get("end"),
-                            "actions": trajectory.info.get("actions", []),
-                        }
-                    )
-            bar.update(len(part))
+    backend_errors = 0
+
+    def record(batch: Any) -> None:
+        nonlocal backend_errors
+        for trajectory in batch:
+            category = trajectory_category(trajectory)
+            outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
+            backend_errors += trajectory.info.get("end") == "backend_error"
+            if keep_rollouts:
+                rollouts.append(
+                    {
+                        "task_id": trajectory.task_id,
+                        "rollout_id": trajectory.rollout_id,
+                        "category": category,
+                        "reward": float(trajectory.reward),
+                        "success": bool(trajectory.success),
+                        "truncated": bool(trajectory.truncated),
+                        "turns": trajectory.num_turns,
+                        "end": trajectory.info.get("end"),
+                        "actions": trajectory.info.get("actions", []),
+                    }
+                )
+
+    bar = tqdm(total=len(tasks) * n, desc=desc, unit="episode", disable=not progress, leave=False)
+    if getattr(backend, "mode", None) == "chat":  # a model behind a chat API: messages, not tokens
+        from seeupo_gym.agents.chat_agent import collect_chat
+
+        replies = 0
+
+        def on_turn(reply: Any) -> None:
+            nonlocal replies
+            replies += 1
+            bar.set_postfix_str(f"{replies} replies", refresh=False)
+
+        with bar:
+            for index, begin in enumerate(range(0, len(tasks), chunk)):
+                part = tasks[begin : begin + chunk]
+                record(collect_chat(backend, env_id, part, n, seed=derive_seed(seed, index), sampling=sampling,
+                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn))
+                bar.update(len(part) * n)
+    else:
+        with bar, VectorAgent(
+            env_id,
+            _TurnProgress(backend, bar) if progress else backend,
+            tokenizer,
+            num_envs=num_envs,
+            sampling=sampling,
+            max_context_tokens=max_context_tokens,
+            env_kwargs=env_kwargs,
+            **(agent_options or {}),
+        ) as agent:
+            for index, begin in enumerate(range(0, len(tasks), chunk)):
+                part = tasks[begin : begin + chunk]
+                record(agent.collect(part, n, seed=derive_seed(seed, index)))
+                tokens += agent.last_stats.generated_tokens
+                bar.update(len(part) * n)
+    if backend_errors:
+        logger.warning("%d of %d episodes ended because the model server did not answer usably (counted as failures)",
+                       backend_errors, len(outcomes))
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -204,6 +234,7 @@ def evaluate_policy(
         wall_seconds=time.perf_counter() - started,
         generated_tokens=tokens,
         rollouts=rollouts,
+        backend_errors=backend_errors,
     )
 
 
@@ -230,6 +261,25 @@ class _TurnProgress(Backend):
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         self._backend.update_weights(state_dict_or_model)
+
+    def __getattr__(self, name: str) -> Any:
+        # `submit` (and anything else) of the wrapped backend: without it the per-episode schedule
+        # would fall back to one request at a time whenever a progress bar is shown.
+        if name == "submit" and callable(getattr(self._backend, "submit", None)):
+            return self._submit
+        raise AttributeError(name)
+
+    def _submit(self, prompt: Any, sampling: Any) -> Any:
+        future = self._backend.submit(prompt, sampling)
+        future.add_done_callback(self._count)
+        return future
+
+    def _count(self, future: Any) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        self.turns += 1
+        self.tokens += len(future.result().token_ids)
+        self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated", refresh=False)
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

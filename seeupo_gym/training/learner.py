@@ -21,12 +21,24 @@ with a one-token dummy forward (and a zero backward) so that collectives (DDP's 
 all-reduce, FSDP's all-gathers) match. Frozen passes all-gather their results; the gradients of
 a step are summed over processes, so each process scales its shares by the number of
 processes (DDP and FSDP average).
+
+Temperature. Every pass (old, reference, gradient) scores `log_softmax(logits / T)` with one
+`logprob_temperature` T, the temperature the rollouts were sampled at (verl and TRL divide by the
+rollout temperature in every pass): the gradient is then of the distribution that sampled, and the
+importance weights of overlapped collection compare like with like. A turn records the temperature
+of its sampler's logprobs (`Turn.logprob_temperature`); weights against a turn recorded at another
+temperature are refused, and scoring one on-policy at another temperature is logged once, loudly.
+
+Frozen trunk. When only the last layers train (LoRA on them, or the layers below frozen), the
+states of the layers below are computed once per trajectory and every pass runs only the layers
+above (`trunk.TrunkCache`, `trunk_cache_mib`); not under FSDP or DeepSpeed, which shard the layers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 from collections import Counter
 from typing import Callable, Iterator, Sequence
@@ -44,7 +56,9 @@ from seeupo_gym.agents.scoring import (
 )
 from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs, loss_share
 from seeupo_gym.algorithms.rollout import TurnSample
+from seeupo_gym.training.trunk import TrunkCache, frozen_depth
 
+logger = logging.getLogger(__name__)
 # One forward of `sequences` -> flat scores of their spans (see `packed_logprobs`).
 RowScorer = Callable[[Sequence[PackedSequence]], torch.Tensor]
 
@@ -116,6 +130,10 @@ class LLMLearner:
     max_tokens_per_microbatch: tokens fed per forward (and per backward); bounds activation memory.
     pack_limit: pack sequences into one row only up to this many tokens (None: the budget on GPU,
     `PER_ROW_MIN_TOKENS` on CPU, see the module doc).
+    logprob_temperature: T of every pass's log_softmax(logits / T): the sampling temperature (1 for
+    greedy sampling).
+    trunk_cache_mib: bound of the frozen-trunk cache (used only when the leading layers are frozen;
+    0: off).
     """
 
     # A packed sequence is never cut across micro-batches and `minimize` sums every part's diagnostics
@@ -136,9 +154,13 @@ class LLMLearner:
         max_tokens_per_microbatch: int = 8192,
         pack_limit: int | None = None,
         logit_chunk: int = LOGIT_CHUNK,
+        logprob_temperature: float = 1.0,
+        trunk_cache_mib: int = 2048,
     ) -> None:
         if max_tokens_per_microbatch < 1:
             raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {max_tokens_per_microbatch}")
+        if not logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -152,6 +174,8 @@ class LLMLearner:
             pack_limit = max_tokens_per_microbatch if accelerator.device.type == "cuda" else PER_ROW_MIN_TOKENS
         self.pack_limit = pack_limit
         self.logit_chunk = logit_chunk
+        self.logprob_temperature = float(logprob_temperature)
+        self._warned_temperature = False
         # Set (to the cap) when rollouts may come from older weights than these (train.max_staleness > 0):
         # the losses then see the sampler's logprobs and apply a truncated importance weight.
         self.behaviour_cap: float | None = None
@@ -161,10 +185,12 @@ class LLMLearner:
         self._dummy = [PackedSequence([pad_token_id, pad_token_id], [(0, 1, 1)])]
         if reference is None and not hasattr(accelerator.unwrap_model(model), "disable_adapter"):
             raise ValueError("full fine-tuning needs a frozen reference model (pass `reference=`)")
+        self.trunk = self._trunk_cache(trunk_cache_mib)
 
     # ------------------------------------------------------------------ Learner protocol
 
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
+        self._check_temperature(samples)
         if grad:
             # The simple path: one graph over every sample, computed whole on every process.
             rows = self._local_rows(samples, self._scorer(self.model, "policy"))
@@ -172,6 +198,7 @@ class LLMLearner:
         return self._frozen(samples, self._scorer(self.accelerator.unwrap_model(self.model), "policy"))
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
+        self._check_temperature(samples)
         if self.reference is not None:
             return self._frozen(samples, self._scorer(self.reference, "reference"))
         policy = self.accelerator.unwrap_model(self.model)
@@ -185,14 +212,17 @@ class LLMLearner:
             return self._as_tokens(samples, self._local_rows(samples, self._value_scorer(self.value_model))).logprobs
         return self._frozen(samples, self._value_scorer(self.accelerator.unwrap_model(self.value_model))).logprobs
 
-    def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False) -> dict[str, float]:
+    def minimize(
+        self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False, entropy: bool = False
+    ) -> dict[str, float]:
         samples = list(samples)
         if values and self.value_model is None:
             raise RuntimeError("this run has no value model; the algorithm must set needs_value_model = True")
+        self._check_temperature(samples)
         world = self.accelerator.num_processes
         sequences = self._pack(samples)
         plan = self._plan(sequences)[self.accelerator.process_index]
-        policy, critic = self._scorer(self.model, "policy"), self._value_scorer(self.value_model) if values else None
+        policy, critic = self._scorer(self.model, "policy", entropy), self._value_scorer(self.value_model) if values else None
         stats: Counter[str] = Counter()
         finite = True
         for k, micro in enumerate(plan):
@@ -204,7 +234,12 @@ class LLMLearner:
                 part_sequences = [sequences[i] for i in micro]
                 indices = [i for sequence in part_sequences for i, _, _ in sequence.spans]
                 part = [samples[i] for i in indices]
-                new = self._as_tokens(part, self._split(part_sequences, policy(part_sequences), indices))
+                scored = policy(part_sequences)
+                if entropy:  # (logprobs, entropy), both flat over the spans
+                    scored, token_entropy = scored
+                new = self._as_tokens(part, self._split(part_sequences, scored, indices))
+                if entropy:
+                    new.entropy = self._as_tokens(part, self._split(part_sequences, token_entropy, indices)).logprobs
                 if self.behaviour_cap is not None:
                     new = self._with_sampled(part, new)
                 value_rows = None
@@ -242,6 +277,8 @@ class LLMLearner:
         )
         for sequence in sequences:
             sequence.spans = [(order[i], start, length) for i, start, length in sequence.spans]
+            # The trajectory object keys the trunk cache (an entry lives as long as it does).
+            sequence.key = samples[sequence.spans[0][0]].trajectory
         return sequences
 
     def _plan(self, sequences: Sequence[PackedSequence]) -> list[list[list[int]]]:
@@ -250,13 +287,54 @@ class LLMLearner:
 
     # ------------------------------------------------------------------ forwards
 
-    def _scorer(self, model: nn.Module, name: str) -> RowScorer:
+    def _scorer(self, model: nn.Module, name: str, entropy: bool = False) -> RowScorer:
+        trunk = self.trunk if self.trunk is not None and self.trunk.shares_trunk(model) else None
+
         def score(sequences: Sequence[PackedSequence]) -> torch.Tensor:
-            if sequences is not self._dummy:
-                self.tokens_fed[name] += sum(len(s.tokens) for s in sequences)
-            return packed_logprobs(model, sequences, chunk=self.logit_chunk)
+            # The dummy forward keeps processes in step; it needs no entropy.
+            with_entropy = entropy and sequences is not self._dummy
+
+            def run() -> torch.Tensor:
+                return packed_logprobs(model, sequences, chunk=self.logit_chunk, entropy=with_entropy,
+                                       temperature=self.logprob_temperature)
+
+            if sequences is self._dummy:
+                return run()
+            self.tokens_fed[name] += sum(len(s.tokens) for s in sequences)
+            if trunk is None:
+                return run()
+            with trunk.feeding(model, trunk.states(sequences)):
+                return run()
 
         return score
+
+    def _trunk_cache(self, budget_mib: int) -> TrunkCache | None:
+        """The frozen-trunk cache when the model's leading layers are frozen and the probe agrees."""
+        from accelerate.utils import DistributedType
+
+        sharded = self.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        policy = self.accelerator.unwrap_model(self.model)
+        depth = frozen_depth(policy)
+        if budget_mib <= 0 or sharded or depth == 0:
+            return None
+        cache = TrunkCache(policy, depth, budget_mib << 20)
+        # Probe: the layers above fed the cached states must give the full forward's logprobs.
+        probe = [PackedSequence(list(range(1, 9)), [(0, 4, 4)])]
+        try:
+            with torch.no_grad():
+                full = packed_logprobs(policy, probe, chunk=self.logit_chunk)
+                with cache.feeding(policy, cache.states(probe)):
+                    fed = packed_logprobs(policy, probe, chunk=self.logit_chunk)
+            agrees = bool(torch.allclose(full, fed, atol=1e-4, rtol=0))
+        except Exception as error:  # a model whose layers follow another convention
+            logger.warning("frozen-trunk cache off: probing the model failed (%s)", error)
+            return None
+        if not agrees:
+            logger.warning("frozen-trunk cache off: feeding the cached trunk states does not reproduce the full "
+                           "forward for %s", type(policy).__name__)
+            return None
+        cache.stats.clear()
+        return cache
 
     def _value_scorer(self, model: nn.Module | None) -> RowScorer | None:
         if model is None:
@@ -354,13 +432,29 @@ class LLMLearner:
             padded = nn.functional.pad(padded, (0, width - padded.shape[1]))
         return TokenLogprobs(padded, mask)
 
+    def _check_temperature(self, samples: Sequence[TurnSample]) -> None:
+        """Refuse importance weights against logprobs recorded at another temperature; say once, loudly,
+        when on-policy turns are scored at another temperature than the one that sampled them."""
+        recorded = {s.turn.logprob_temperature for s in samples} - {None}
+        other = sorted(t for t in recorded if not math.isclose(t, self.logprob_temperature, rel_tol=1e-6))
+        if not other:
+            return
+        message = (f"turns sampled at temperature {other} are scored at logprob_temperature "
+                   f"{self.logprob_temperature}")
+        if self.behaviour_cap is not None:
+            raise ValueError(f"{message}: the importance weights would compare two distributions; set "
+                             "train.logprob_temperature to the sampling temperature")
+        if not self._warned_temperature:
+            self._warned_temperature = True
+            logger.warning("%s: the update follows the gradient of another distribution than the one sampled", message)
+
     def _with_sampled(self, samples: Sequence[TurnSample], new: TokenLogprobs) -> TokenLogprobs:
         """`new` with the sampler's logprobs of the same tokens (for the importance weights)."""
         rows = [torch.tensor(s.turn.sample_logprobs, dtype=new.logprobs.dtype) for s in samples]
         sampled = torch.zeros_like(new.logprobs)
         for i, row in enumerate(rows):
             sampled[i, : row.numel()] = row.to(sampled.device)
-        return TokenLogprobs(new.logprobs, new.mask, sampled=sampled, sampled_cap=float(self.behaviour_cap))
+        return TokenLogprobs(new.logprobs, new.mask, sampled=sampled, sampled_cap=float(self.behaviour_cap), entropy=new.entropy)
 
     # ------------------------------------------------------------------ the step
 

@@ -65,6 +65,8 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
         value_optimizer=value_optimizer,
         max_grad_norm=cfg.optim.max_grad_norm,
         max_tokens_per_microbatch=cfg.model.max_tokens_per_microbatch,
+        logprob_temperature=cfg.sampling.learner_temperature(),
+        trunk_cache_mib=cfg.model.trunk_cache_mib,
     )
     return Policy(model, tokenizer, optimizer, value_model, value_optimizer, learner)
 

@@ -152,6 +152,8 @@ class Trainer:
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
         self.state = TrainerState(step=0, config=config.to_dict())
         accelerator.register_for_checkpointing(self.state)
+        if self.algorithm.state_dict():  # e.g. the adaptive KL coefficient of use_kl_in_reward
+            accelerator.register_for_checkpointing(self.algorithm)
         if config.log.trackers:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
@@ -312,10 +314,6 @@ class Trainer:
             raise ConfigError("train.max_staleness > 0 runs in one training process; set it to 0 with several")
         if cfg.importance_cap <= 0:
             raise ConfigError(f"train.importance_cap must be > 0, got {cfg.importance_cap}")
-        if self.config.sampling.temperature != 1.0:
-            logger.warning("train.max_staleness > 0: the importance weights compare the learner's logprobs (temperature 1) "
-                           "with the sampler's at temperature %s; they are exact at temperature 1",
-                           self.config.sampling.temperature)
         try:
             sampler = self.backend.overlapped_sampler()
         except (NotImplementedError, ValueError) as error:

@@ -1,0 +1,394 @@
+"""Generation on any OpenAI-compatible server: API models, `vllm serve`, SGLang.
+
+Two modes:
+
+- "tokens" (a `Backend`, trainable): token prompts in, token ids and logprobs out, through the
+  completions route with vLLM's extensions (`prompt` as a list of token ids, `return_token_ids`,
+  `stop_token_ids`, `logprobs`). The recorded logprobs keep the contract of `Completion` only if
+  the server computes them after temperature: start vLLM with
+  `--logprobs-mode processed_logprobs` (the in-process `VLLMBackend` does the same).
+- "chat" (`chat()`, evaluation only): messages plus `tools=` through the chat route, for models
+  that have no tokenizer here (GPT-class APIs). Its replies carry text and tool calls, not
+  trainable tokens; `agents.chat_agent` renders them into the env's action format.
+
+The server is untrusted: every reply is read up to `max_body_bytes` (compressed replies are
+refused: we ask for identity), parsed as JSON, and checked (token ids are ints in the vocabulary,
+one finite logprob <= 0 per token, at most `max_new_tokens` of them, a known finish reason) before
+anything reaches the agent. 429, 5xx, timeouts and dropped connections are retried with
+exponential backoff (tenacity) within `retries` attempts; anything else ends the request with
+`ServerReplyError`, which the agent turns into an ended episode, not a crashed run. The API key is
+read from the environment variable `api_key_env` and is never logged or put in an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from seeupo_gym.agents.backends.base import (
+    FINISH_LENGTH, FINISH_STOP, Backend, Completion, RequestError, SamplingParams, TrainingSetup, check_prompts,
+)
+
+MODES = ("tokens", "chat")
+_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+_FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "tool_calls": FINISH_STOP, "eos": FINISH_STOP}
+MAX_TOOL_CALLS = 64
+
+
+class ServerReplyError(RequestError):
+    """A request the server did not answer usably (after the retries); the message says why."""
+
+
+class _Retryable(ServerReplyError):
+    """A failure worth another attempt: 429, 5xx, a timeout, a dropped connection."""
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One assistant reply in chat mode: its text and tool calls (arguments parsed from JSON, or
+    the raw string when the server sent invalid JSON: the env then reports the error)."""
+
+    content: str
+    tool_calls: tuple[tuple[str, Any], ...] = ()
+    finish_reason: str = FINISH_STOP
+    completion_tokens: int = 0
+    raw_tool_calls: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+class OpenAIBackend(Backend):
+    """An OpenAI-compatible endpoint as a generation backend (see the module docstring).
+
+    base_url: e.g. "http://127.0.0.1:8000/v1"; model: the served model's name; api_key_env: the
+    environment variable holding the key (unset is fine for local servers); vocab_size: token
+    ids at or above it are refused (the tokenizer's length; None skips that check);
+    max_concurrency: requests in flight at once (`submit` queues the rest);
+    timeout_s: per attempt; retries: attempts per request; max_body_bytes: the largest reply read.
+    extra_body: more request fields (e.g. {"top_k": -1}); version_header: the header that carries
+    the policy version of a training run's requests.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        mode: Literal["tokens", "chat"] = "tokens",
+        api_key_env: str | None = "OPENAI_API_KEY",
+        vocab_size: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+        max_concurrency: int = 8,
+        timeout_s: float = 120.0,
+        retries: int = 5,
+        max_body_bytes: int = 16 * 2**20,
+        extra_body: dict[str, Any] | None = None,
+        backoff_s: float = 0.5,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if max_concurrency < 1 or retries < 1:
+            raise ValueError("max_concurrency and retries must be >= 1")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.mode = mode
+        self.vocab_size = vocab_size
+        self.default_stop_token_ids = tuple(stop_token_ids)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.max_body_bytes = max_body_bytes
+        self.extra_body = dict(extra_body or {})
+        self.backoff_s = backoff_s
+        self.policy_version = 0
+        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        headers = {"Accept-Encoding": "identity"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=max_concurrency)
+        )
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="openai")
+        self._lock = threading.Lock()
+        self.requests_sent = 0
+        self._adapters: list[str] = []
+        self._request_model = model  # the served name, then the latest adapter's
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"OpenAIBackend({self.base_url!r}, {self.model!r}, mode={self.mode!r})"
+
+    # ------------------------------------------------------------------------------ tokens mode
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        check_prompts(prompts)
+        futures = [self.submit(prompt, sampling) for prompt in prompts]
+        return [future.result() for future in futures]
+
+    def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
+        self._require("tokens")
+        check_prompts([prompt])
+        return self._pool.submit(self._complete, list(prompt), sampling)
+
+    @classmethod
+    def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "OpenAIBackend":
+        """Generation on a server the user started (`vllm serve <model> --enable-lora
+        --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for LoRA runs).
+
+        Options (the config's `generation` section): base_url (required), served_model (default
+        model.name_or_path), api_key_env, max_concurrency, timeout_s, weights_dir (a folder the
+        server can read: adapters and weights are written there for it to load)."""
+        options = dict(setup.options)
+        base_url = options.get("base_url")
+        if not base_url:
+            raise ValueError("generation.backend=openai needs generation.base_url (e.g. http://127.0.0.1:8000/v1)")
+        if setup.processes > 1:
+            raise ValueError("generation.backend=openai serves one training process; run the trainer on one process")
+        backend = cls(
+            base_url,
+            options.get("served_model") or setup.model_name,
+            mode="tokens",
+            api_key_env=options.get("api_key_env", "OPENAI_API_KEY"),
+            vocab_size=len(tokenizer),
+            stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None),
+            max_concurrency=int(options.get("max_concurrency", 32)),
+            timeout_s=float(options.get("timeout_s", 300.0)),
+        )
+        backend.weights_dir = options.get("weights_dir")
+        return backend
+
+    weights_dir: str | None = None
+    # Adapters kept loaded on the server: the current one and the one before it (an overlapped
+    # collection may still be sampling from it).
+    keep_adapters = 2
+
+    def update_weights(self, state_dict_or_model: Any) -> None:
+        """Push the learner's weights to the server and sample from them from now on.
+
+        A LoRA model's adapter is written to `weights_dir` and hot-loaded under a new name per policy
+        version (`/v1/load_lora_adapter`; later requests name it as their model); full weights are
+        written as safetensors and reloaded through vLLM's `collective_rpc` route (`reload_weights`;
+        the server needs VLLM_SERVER_DEV_MODE=1). Either way the server must see `weights_dir`."""
+        import tempfile
+
+        version = self.policy_version + 1
+        root = self.weights_dir or tempfile.gettempdir()
+        folder = os.path.join(root, f"seeupo-policy-v{version}-{os.getpid()}")
+        if hasattr(state_dict_or_model, "peft_config"):
+            state_dict_or_model.save_pretrained(folder)
+            name = f"policy-v{version}"
+            self._post_control("/load_lora_adapter", {"lora_name": name, "lora_path": folder})
+            self._adapters.append(name)
+            while len(self._adapters) > self.keep_adapters:
+                self._post_control("/unload_lora_adapter", {"lora_name": self._adapters.pop(0)})
+            self._request_model = name
+        else:
+            from safetensors.torch import save_file
+
+            from seeupo_gym.agents.backends.vllm import _unshared, merged_state_dict
+
+            weights = merged_state_dict(state_dict_or_model) if hasattr(state_dict_or_model, "state_dict") else dict(state_dict_or_model)
+            os.makedirs(folder, exist_ok=True)
+            save_file(_unshared(weights), os.path.join(folder, "model.safetensors"))
+            root_url = self.base_url.rsplit("/v1", 1)[0]
+            self._post_control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}}, root=root_url)
+            self._post_control("/reset_prefix_cache", {}, root=root_url)
+        self.policy_version = version
+
+    def set_policy_version(self, version: int) -> None:
+        """The weights version the server now samples from; sent with every later request."""
+        self.policy_version = int(version)
+
+    def _post_control(self, route: str, body: dict[str, Any], root: str | None = None) -> None:
+        """A weight-sync request: retried like the others, then its status checked."""
+        url = (root or self.base_url) + route
+        for attempt in range(self.retries):
+            try:
+                response = self._client.post(url, json=body)
+            except httpx.TransportError as error:
+                if attempt + 1 == self.retries:
+                    raise ServerReplyError(f"{route}: connection failed ({type(error).__name__})") from None
+                continue
+            if response.status_code == 200:
+                return
+            if response.status_code not in _RETRY_STATUS or attempt + 1 == self.retries:
+                raise ServerReplyError(f"{route}: HTTP {response.status_code}: {_printable(response.content[:300])}")
+
+    def _complete(self, prompt: list[int], sampling: SamplingParams) -> Completion:
+        stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
+        body: dict[str, Any] = {
+            "model": self._request_model,
+            "prompt": prompt,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            **self.extra_body,
+        }
+        if stop_ids:
+            body["stop_token_ids"] = stop_ids
+        if sampling.stop_strings:
+            body["stop"] = list(sampling.stop_strings)
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        reply = self._post("/completions", body)
+        choice = _first_choice(reply)
+        return self._checked_completion(choice, sampling)
+
+    def _checked_completion(self, choice: dict[str, Any], sampling: SamplingParams) -> Completion:
+        token_ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
+        if not isinstance(token_ids, list) or not isinstance(logprobs, list):
+            raise ServerReplyError(
+                "the server's completion has no token ids or logprobs: tokens mode needs vLLM's "
+                "`return_token_ids` and `logprobs` (or use mode='chat' for evaluation)"
+            )
+        if not token_ids or len(token_ids) != len(logprobs):
+            raise ServerReplyError(f"the server sent {len(token_ids)} token ids and {len(logprobs)} logprobs")
+        if len(token_ids) > sampling.max_new_tokens:
+            raise ServerReplyError(f"the server sent {len(token_ids)} tokens, more than max_tokens={sampling.max_new_tokens}")
+        for token in token_ids:
+            if type(token) is not int or token < 0 or (self.vocab_size is not None and token >= self.vocab_size):
+                raise ServerReplyError(f"the server sent a token id outside the vocabulary: {str(token)[:40]}")
+        values = []
+        for value in logprobs:
+            if type(value) not in (int, float) or not math.isfinite(value) or value > 1e-4:
+                raise ServerReplyError(f"the server sent a logprob that is not a finite number <= 0: {str(value)[:40]}")
+            values.append(min(float(value), 0.0))
+        finish = _FINISH.get(str(choice.get("finish_reason")))
+        if finish is None:
+            raise ServerReplyError(f"unknown finish reason from the server: {str(choice.get('finish_reason'))[:40]}")
+        return Completion(token_ids=list(token_ids), logprobs=values, finish_reason=finish)
+
+    # -------------------------------------------------------------------------------- chat mode
+
+    def chat(
+        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None
+    ) -> ChatReply:
+        """One assistant reply to `messages` (OpenAI chat format), offering `tools`."""
+        self._require("chat")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            **self.extra_body,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop_strings:
+            body["stop"] = list(sampling.stop_strings)
+        choice = _first_choice(self._post("/chat/completions", body))
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise ServerReplyError("the server's chat reply has no message")
+        content = message.get("content")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ServerReplyError("the server's message content is not a string")
+        calls, raw = _tool_calls(message.get("tool_calls"))
+        finish = _FINISH.get(str(choice.get("finish_reason")), FINISH_STOP)
+        return ChatReply(content=content, tool_calls=calls, finish_reason=finish, raw_tool_calls=raw)
+
+    def submit_chat(
+        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None
+    ) -> "Future[ChatReply]":
+        return self._pool.submit(self.chat, messages, sampling, tools)
+
+    # ------------------------------------------------------------------------------ transport
+
+    def _require(self, mode: str) -> None:
+        if self.mode != mode:
+            raise RuntimeError(f"this OpenAIBackend is in {self.mode!r} mode; {mode!r} requests need mode={mode!r}")
+
+    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential_jitter(initial=self.backoff_s, max=30.0),
+            retry=retry_if_exception(lambda error: isinstance(error, _Retryable)),
+            reraise=True,
+        )
+        try:
+            return retrying(self._post_once, route, body)
+        except _Retryable as error:
+            raise ServerReplyError(f"{error} (gave up after {self.retries} attempts)") from None
+
+    def _post_once(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.requests_sent += 1
+        headers = {"X-Policy-Version": str(self.policy_version)}
+        try:
+            with self._client.stream("POST", self.base_url + route, json=body, headers=headers) as response:
+                encoding = response.headers.get("content-encoding", "identity").lower()
+                if encoding not in ("", "identity"):
+                    raise ServerReplyError(f"the server sent a {encoding[:20]}-compressed reply; identity was asked for")
+                declared = response.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                    raise ServerReplyError(f"the server's reply is {declared} bytes, over the {self.max_body_bytes} byte bound")
+                data = bytearray()
+                for chunk in response.iter_raw():
+                    data += chunk
+                    if len(data) > self.max_body_bytes:
+                        raise ServerReplyError(f"the server's reply is over the {self.max_body_bytes} byte bound")
+                status = response.status_code
+        except httpx.TimeoutException:
+            raise _Retryable(f"{route}: no reply within {self.timeout_s:g} s") from None
+        except httpx.TransportError as error:
+            raise _Retryable(f"{route}: connection failed ({type(error).__name__})") from None
+        if status in _RETRY_STATUS:
+            raise _Retryable(f"{route}: HTTP {status}")
+        if status != 200:
+            raise ServerReplyError(f"{route}: HTTP {status}: {_printable(bytes(data[:300]))}")
+        try:
+            reply = json.loads(bytes(data))
+        except (ValueError, RecursionError):
+            raise ServerReplyError(f"{route}: the reply is not JSON: {_printable(bytes(data[:120]))}") from None
+        if not isinstance(reply, dict):
+            raise ServerReplyError(f"{route}: the reply is not a JSON object")
+        return reply
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+
+def _first_choice(reply: dict[str, Any]) -> dict[str, Any]:
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServerReplyError("the server's reply has no choices")
+    return choices[0]
+
+
+def _tool_calls(value: Any) -> tuple[tuple[tuple[str, Any], ...], list[dict[str, Any]]]:
+    if value is None:
+        return (), []
+    if not isinstance(value, list) or len(value) > MAX_TOOL_CALLS:
+        raise ServerReplyError(f"the server's tool_calls is not a list of at most {MAX_TOOL_CALLS} calls")
+    calls: list[tuple[str, Any]] = []
+    for item in value:
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ServerReplyError("a tool call from the server has no function name")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except (ValueError, RecursionError):
+                pass  # kept as the raw string: the env's parser reports it to the model
+        calls.append((function["name"], arguments))
+    return tuple(calls), list(value)
+
+
+def _printable(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").encode("ascii", errors="backslashreplace").decode("ascii")

@@ -1,0 +1,74 @@
+"""Bounds `seeupo-serve` applies to a connection before it reads a byte of it.
+
+uvicorn keeps a connection open for as long as its client takes to send a request head, and
+accepts as many as the process has descriptors: 1,100 clients that never finish their headers
+exhaust them, before any token check. This protocol (uvicorn's HTTP/1.1 one, `h11`) closes a
+connection at once when `max_connections` are open already (WebSocket sessions included), and
+closes one whose request head (the request line and headers, a WebSocket upgrade request
+included) is not complete `header_timeout_s` after it opened or after its previous answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+class BoundedConnections(H11Protocol):
+    """uvicorn's h11 protocol with a connection cap and a request-head deadline.
+
+    Use `BoundedConnections.configured(...)` as uvicorn's `http` protocol class.
+    """
+
+    max_connections = 256
+    header_timeout_s = 10.0
+
+    @classmethod
+    def configured(cls, *, max_connections: int, header_timeout_s: float) -> type["BoundedConnections"]:
+        if max_connections < 1 or header_timeout_s <= 0:
+            raise ValueError(f"max_connections must be >= 1 and header_timeout_s > 0, got {max_connections}, "
+                             f"{header_timeout_s}")
+        return type(cls.__name__, (cls,), {"max_connections": max_connections, "header_timeout_s": header_timeout_s})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            # Closed before reading anything: the descriptor is freed now, not at a timeout.
+            transport.abort()
+            return
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_received()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a whole request head arrived
+            self._head_received()
+
+    def on_response_complete(self) -> None:
+        self._await_head()  # the next keep-alive request gets the same deadline
+        super().on_response_complete()
+
+    def _await_head(self) -> None:
+        self._head_received()
+        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_late)
+
+    def _head_received(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        # After a WebSocket upgrade the transport belongs to the WebSocket protocol.
+        if self.transport.get_protocol() is self and self.conn.their_state is h11.IDLE:
+            self.transport.abort()
