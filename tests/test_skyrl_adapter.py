@@ -120,6 +120,15 @@ def test_dataset_of_turnbandit_defaults_to_the_envs_own_tasks():
     assert [row["extra_info"]["index"] for row in rows] == [0, 1, 2]
 
 
+
+def test_dataset_of_a_split_is_the_envs_split_and_says_so():
+    from seeupo_gym.bfcl.data import task_ids
+
+    rows = build_dataset("seeupo/BFCL-v4-base-v0", split="test", action_format="tools")
+    assert [row["extra_info"]["task_id"] for row in rows] == list(task_ids(("base",), "test"))
+    assert {row["extra_info"]["split"] for row in rows} == {"test"}
+
+
 def test_a_dataset_for_an_id_skyrl_does_not_know_is_a_clear_error():
     with pytest.raises(ValueError, match="no SkyRL env for 'seeupo/Remote-v0'"):
         build_dataset("seeupo/Remote-v0", ["x"])

@@ -182,7 +182,7 @@ def test_the_loop_is_registered_under_its_name_for_verls_registry():
 def test_dataset_rows_are_verls_columns_and_round_trip_through_parquet(tmp_path):
     import pandas as pd
 
-    rows = build_dataset(BFCL, TASKS, split="train", **TOOLS)
+    rows = build_dataset(BFCL, TASKS, **TOOLS)
     assert [row["extra_info"]["task_id"] for row in rows] == TASKS
     assert [row["extra_info"]["index"] for row in rows] == [0, 1]
     first = rows[0]
@@ -194,6 +194,16 @@ def test_dataset_rows_are_verls_columns_and_round_trip_through_parquet(tmp_path)
     back = pd.read_parquet(tmp_path / "train.parquet")
     assert list(back["agent_name"]) == ["seeupo_env"] * 2
     assert back["extra_info"][1]["task_id"] == TASKS[1] and back["prompt"][0][1]["role"] == "user"
+
+
+
+def test_dataset_of_a_split_is_the_envs_split_and_says_so():
+    from seeupo_gym.bfcl.data import task_ids
+
+    rows = build_dataset(BFCL, split="test", action_format="tools")
+    assert [row["extra_info"]["task_id"] for row in rows] == list(task_ids(("base",), "test"))
+    assert {row["extra_info"]["split"] for row in rows} == {"test"}
+    assert json.loads(rows[0]["extra_info"]["env_kwargs"]) == {"split": "test", "action_format": "tools"}
 
 
 def test_ground_truth_through_verls_worker_scores_one_with_env_tokens_masked(worker, tiny):

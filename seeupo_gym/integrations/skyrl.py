@@ -129,13 +129,14 @@ def register(env_ids: tuple[str, ...] = ENV_IDS) -> None:
 
 
 def build_dataset(
-    env_id: str, task_ids: Sequence[str] | None = None, *, split: str = "train", **env_kwargs: Any
+    env_id: str, task_ids: Sequence[str] | None = None, **env_kwargs: Any
 ) -> list[dict[str, Any]]:
     """SkyRL's dataset rows for the tasks of `env_id` (default: the env's own task list).
 
     `prompt` is the env's first messages (SkyRL filters overlong prompts with it; `init` renders the
     env's own prompt again), `env_class` the id `register` adds, `reward_spec` says the env scores,
-    `extra_info` holds `task_id` (what picks the task), `split` and `index`.
+    `extra_info` holds `task_id` (what picks the task), `split` (the env's split kwarg, default
+    "train") and `index`.
     """
     if env_id not in ENV_IDS:
         raise ValueError(f"no SkyRL env for {env_id!r}; use one of {ENV_IDS}")
@@ -145,7 +146,7 @@ def build_dataset(
             "prompt": prompt,
             "env_class": env_id,
             "reward_spec": {"method": "env", "ground_truth": ""},
-            "extra_info": {"split": split, "index": index, "task_id": task_id},
+            "extra_info": {"split": str(env_kwargs.get("split", "train")), "index": index, "task_id": task_id},
         }
         for index, (task_id, prompt) in enumerate(task_prompts(env_id, task_ids, **env_kwargs))
     ]

@@ -219,7 +219,6 @@ def build_dataset(
     env_id: str,
     task_ids: Sequence[str] | None = None,
     *,
-    split: str = "train",
     agent_name: str = AGENT_NAME,
     **env_kwargs: Any,
 ) -> list[dict[str, Any]]:
@@ -228,7 +227,7 @@ def build_dataset(
     task_ids: the tasks (default: the env's own task list, i.e. its split). Each row: `prompt` (the
     env's first messages, which verl uses to filter overlong prompts), `data_source` (the env id),
     `agent_name`, `ability`, `reward_model` (the env scores: no ground truth here) and `extra_info`
-    (`split`, `index`, `task_id`, `env_id`, `env_kwargs` as JSON).
+    (`split`: the env's split kwarg, default "train"; `index`, `task_id`, `env_id`, `env_kwargs` as JSON).
     """
     return [
         {
@@ -237,7 +236,7 @@ def build_dataset(
             "prompt": prompt,
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": ""},
-            "extra_info": {"split": split, "index": index, "task_id": task_id, "env_id": env_id,
+            "extra_info": {"split": str(env_kwargs.get("split", "train")), "index": index, "task_id": task_id, "env_id": env_id,
                            "env_kwargs": json.dumps(env_kwargs)},
         }
         for index, (task_id, prompt) in enumerate(task_prompts(env_id, task_ids, **env_kwargs))
