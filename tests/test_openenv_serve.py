@@ -408,3 +408,22 @@ def test_seeupo_train_with_env_url_trains_on_the_served_env_as_on_the_local_one(
     # Sampled logprobs carry the decode batch's shape in their last bits (per-episode joins rows as
     # they come), hence approx.
     assert {k: metrics["served"][k] for k in local} == pytest.approx(local, rel=1e-6)
+
+
+def test_state_over_a_session_names_its_episode_and_turn(bandit_server):
+    ws_url = bandit_server.url.replace("http", "ws") + "/ws"
+    with connect(ws_url) as ws:
+        def send(message):
+            ws.send(json.dumps(message))
+            return json.loads(ws.recv(timeout=60))["data"]
+
+        send({"type": "reset", "data": {"seed": 0}})
+        first = send({"type": "state"})
+        assert isinstance(first["episode_id"], str) and len(first["episode_id"]) == 32 and first["turn"] == 0
+        send({"type": "step", "data": {"response": "A"}})
+        assert send({"type": "state"})["turn"] == 1
+        send({"type": "reset", "data": {"seed": 1, "episode_id": "mine"}})
+        named = send({"type": "state"})
+        assert named["episode_id"] == "mine" and named["turn"] == 0 and named["done"] is False
+        send({"type": "reset", "data": {"seed": 2}})
+        assert send({"type": "state"})["episode_id"] not in (first["episode_id"], "mine")

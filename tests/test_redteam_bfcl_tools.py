@@ -250,13 +250,14 @@ def test_hostile_argument_names_through_the_trl_adapter_run_nothing(tmp_path):
     from seeupo_gym.integrations.trl import make
 
     sentinel = tmp_path / "SENTINEL"
-    factories, dataset = make("seeupo/BFCL-v4-v0", task_ids=[TASK])
+    made = make("seeupo/BFCL-v4-v0", task_ids=[TASK])
+    factories, dataset = made["environment_factory"], made["train_dataset"]
     row = {key: value for key, value in dataset[0].items() if key != "environment"}
     instance = factories[dataset[0]["environment"]]()
     instance.reset(**row)
     results = [instance.cd(**{name: "document"}) for name in attack_names(sentinel).values()]
     assert all(result.startswith("Error:") and "unknown argument" in result for result in results)
-    assert instance.get_reward() == 0.0
+    assert instance._final_reward() == 0.0
     assert_nothing_ran(sentinel)
     docs = {doc.name: doc for class_docs in function_docs().values() for doc in class_docs}
     instance.reset(**row)
@@ -265,14 +266,15 @@ def test_hostile_argument_names_through_the_trl_adapter_run_nothing(tmp_path):
             arguments = dict(zip(docs[call.name].parameters.get("properties", {}), call.args))
             getattr(instance, call.name)(**{**arguments, **dict(call.kwargs)})
         instance.end_turn("Done.")
-    assert instance.get_reward() == 1.0
+    assert instance._final_reward() == 1.0
 
 
 def test_trl_end_turn_only_ends_the_turn_and_runs_no_tool_call_in_its_reply():
     pytest.importorskip("datasets")
     from seeupo_gym.integrations.trl import make
 
-    factories, dataset = make("seeupo/BFCL-v4-v0", task_ids=[TASK])
+    made = make("seeupo/BFCL-v4-v0", task_ids=[TASK])
+    factories, dataset = made["environment_factory"], made["train_dataset"]
     row = {key: value for key, value in dataset[0].items() if key != "environment"}
     instance = factories[dataset[0]["environment"]]()
     instance.reset(**row)

@@ -9,7 +9,7 @@ skyrl_gym = pytest.importorskip("skyrl_gym", reason="needs `pip install seeupo-g
 from omegaconf import OmegaConf  # noqa: E402
 
 from seeupo_gym.bfcl import get_entry, render_action, render_tool_action, render_turn_end  # noqa: E402
-from seeupo_gym.integrations.skyrl import register  # noqa: E402
+from seeupo_gym.integrations.skyrl import build_dataset, register  # noqa: E402
 from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 
 
@@ -92,3 +92,43 @@ def test_appworld_ground_truth_through_skyrl_make_scores_one():
         assert output["done"] and output["reward"] == 1.0
     finally:
         env.close()
+
+
+def test_dataset_rows_play_through_skyrl_make_as_skyrl_hands_them_to_the_env(tmp_path):
+    import pandas as pd
+
+    rows = build_dataset("seeupo/BFCL-v4-base-v0", ["multi_turn_base_0", "multi_turn_base_1"], action_format="tools")
+    assert [row["extra_info"]["task_id"] for row in rows] == ["multi_turn_base_0", "multi_turn_base_1"]
+    assert {row["env_class"] for row in rows} == {"seeupo/BFCL-v4-base-v0"}
+    assert rows[1]["prompt"][1] == {"role": "user", "content": get_entry("multi_turn_base_1").user_messages[0]}
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    row = pd.read_parquet(tmp_path / "train.parquet").iloc[1].to_dict()
+    # SkyRL: every column but prompt and env_class goes to the env as extras.
+    extras = {key: value for key, value in row.items() if key not in ("prompt", "env_class")}
+    env = skyrl_gym.make(row["env_class"], env_config={"action_format": "tools"}, extras=extras)
+    prompt, metadata = env.init(list(row["prompt"]))
+    assert metadata["task_id"] == "multi_turn_base_1" and prompt[1]["content"] == rows[1]["prompt"][1]["content"]
+    entry = get_entry("multi_turn_base_1")
+    actions = [a for calls in entry.ground_truth for a in ([render_tool_action(list(calls))] if calls else []) + ["Done."]]
+    assert play(env, actions)[-1]["reward"] == 1.0
+    env.close()
+
+
+def test_dataset_of_turnbandit_defaults_to_the_envs_own_tasks():
+    rows = build_dataset("seeupo/TurnBandit-v0", variant="follow", num_tasks=3)
+    assert [row["extra_info"]["task_id"] for row in rows] == ["follow-0-0", "follow-0-1", "follow-0-2"]
+    assert [row["extra_info"]["index"] for row in rows] == [0, 1, 2]
+
+
+
+def test_dataset_of_a_split_is_the_envs_split_and_says_so():
+    from seeupo_gym.bfcl.data import task_ids
+
+    rows = build_dataset("seeupo/BFCL-v4-base-v0", split="test", action_format="tools")
+    assert [row["extra_info"]["task_id"] for row in rows] == list(task_ids(("base",), "test"))
+    assert {row["extra_info"]["split"] for row in rows} == {"test"}
+
+
+def test_a_dataset_for_an_id_skyrl_does_not_know_is_a_clear_error():
+    with pytest.raises(ValueError, match="no SkyRL env for 'seeupo/Remote-v0'"):
+        build_dataset("seeupo/Remote-v0", ["x"])

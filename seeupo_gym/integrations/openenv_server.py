@@ -40,6 +40,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from typing import Any, Callable, Mapping
 
 import gymnasium as gym
@@ -191,7 +192,8 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         env = self._ensure_env()
         self._done = True  # until the env's reset succeeds (it refuses unknown options itself)
         observation, info = env.reset(seed=seed, options=options or None)
-        self._episode_id, self._turn, self._done = episode_id, 0, False
+        # An id per episode even when the client names none, so /state can tell episodes apart.
+        self._episode_id, self._turn, self._done = episode_id or uuid.uuid4().hex, 0, False
         self._task_id = str(info.get("task_id")) if isinstance(info, dict) else None
         return self._observation(observation, None, False, False, info)
 
@@ -210,7 +212,8 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
 
     @property
     def state(self) -> State:
-        return State(episode_id=self._episode_id, step_count=self._turn, task_id=self._task_id, done=self._done)
+        return State(episode_id=self._episode_id, step_count=self._turn, turn=self._turn, task_id=self._task_id,
+                     done=self._done)
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(name=self.env_id, description=f"{self.env_id} served by seeupo-serve (seeupo-gym)")

@@ -16,18 +16,24 @@ prompt (system and first user message; the dataset's prompt is not used) and `st
 messages the env added after the response: `user` messages (ReAct, a BFCL turn end) or `tool`
 messages (tools format). SkyRL renders conversations without `tools=`, so in the tools format the
 tool schemas are written into the system message (one JSON per line under "# Tools").
+
+`build_dataset(env_id, task_ids, **env_kwargs)` gives the rows of a SkyRL dataset (`prompt`,
+`env_class`, `reward_spec`, `data_source`, `extra_info` with the task id); SkyRL hands every column
+but `prompt` and `env_class` to the env as `extras`. The env's kwargs stay in SkyRL's config
+(`environment.skyrl_gym.<env_class>`), which becomes `env_config`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 
 import seeupo_gym  # noqa: F401  (registers the Gymnasium ids)
+from seeupo_gym.integrations.task_prompts import task_prompts
 
 ENV_IDS = (
     "seeupo/TurnBandit-v0",
@@ -120,3 +126,27 @@ def register(env_ids: tuple[str, ...] = ENV_IDS) -> None:
     for env_id in env_ids:
         if env_id not in skyrl_gym.registry:
             skyrl_gym.register(id=env_id, entry_point=make_env, kwargs={"gym_id": env_id})
+
+
+def build_dataset(
+    env_id: str, task_ids: Sequence[str] | None = None, **env_kwargs: Any
+) -> list[dict[str, Any]]:
+    """SkyRL's dataset rows for the tasks of `env_id` (default: the env's own task list).
+
+    `prompt` is the env's first messages (SkyRL filters overlong prompts with it; `init` renders the
+    env's own prompt again), `env_class` the id `register` adds, `reward_spec` says the env scores,
+    `extra_info` holds `task_id` (what picks the task), `split` (the env's split kwarg, default
+    "train") and `index`.
+    """
+    if env_id not in ENV_IDS:
+        raise ValueError(f"no SkyRL env for {env_id!r}; use one of {ENV_IDS}")
+    return [
+        {
+            "data_source": env_id,
+            "prompt": prompt,
+            "env_class": env_id,
+            "reward_spec": {"method": "env", "ground_truth": ""},
+            "extra_info": {"split": str(env_kwargs.get("split", "train")), "index": index, "task_id": task_id},
+        }
+        for index, (task_id, prompt) in enumerate(task_prompts(env_id, task_ids, **env_kwargs))
+    ]

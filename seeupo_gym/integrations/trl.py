@@ -27,6 +27,14 @@ defaults to 50 here):
 The reward is the env's final score: when the rollout stops before the episode ends,
 the remaining user turns are ended with an empty reply (BFCL) or the episode is run out to
 `max_turns` with no action (AppWorld, TurnBandit), and the env scores what was done.
+
+Over a served env (`make(env_id, url=...)`, or `make("seeupo/Remote-v0", url=..., env_id=...,
+env_kwargs=...)`), each environment instance holds a `seeupo/Remote-v0` session with that
+`seeupo-serve` server (AppWorld's sandboxes stay on the server's machine) and the dataset's tasks
+are the server's. The server must serve the kwargs `make` uses (e.g. BFCL:
+`seeupo-serve seeupo/BFCL-v4-v0 action_format=tools max_turns=50 split=all`, or let sessions set
+them with `--session-kwargs`). A session lost mid-episode ends the episode: the tool returns an
+error text and `get_reward()` 0.0.
 """
 
 from __future__ import annotations
@@ -47,9 +55,13 @@ class _SeeupoEnvironment:
 
     env_id: str = ""
     env_kwargs: dict[str, Any] = {}
+    url: str | None = None  # a seeupo-serve server serving env_id: the env runs there
 
     def __init__(self) -> None:
-        self._env = gym.make(self.env_id, **self.env_kwargs)
+        from seeupo_gym.remote import env_target
+
+        target_id, target_kwargs = env_target(self.env_id, self.env_kwargs, url=self.url)
+        self._env = gym.make(target_id, **target_kwargs)
         self._reward = 0.0
         self._done = True
         self.steps: list[str] = []  # the actions sent to the env this episode, for audits and tests
@@ -75,8 +87,14 @@ class _SeeupoEnvironment:
     def _step(self, action: str) -> tuple[str, dict[str, Any]]:
         if self._done:
             return "The episode is over.", {}
+        from seeupo_gym.remote import RemoteEnvError
+
         self.steps.append(action)
-        observation, reward, terminated, truncated, info = self._env.step(action)
+        try:
+            observation, reward, terminated, truncated, info = self._env.step(action)
+        except RemoteEnvError as error:  # the served episode is gone: it ends here, unscored
+            self._done, self._reward = True, 0.0
+            return f"Error: the episode ended because its env server was lost ({error}).", {}
         self._done = terminated or truncated
         if self._done:
             self._reward = float(reward)
@@ -176,6 +194,15 @@ class BFCLEnvironment(_SeeupoEnvironment):
         """
         return self._step(self._plain_reply(reply))[0]
 
+    def _parsing_env(self) -> Any:
+        """The env whose parser settings read replies: the local env, or for a served one a local
+        copy built with the same kwargs (never reset: BFCL's parsing needs no episode)."""
+        if self.url is None:
+            return self._env.unwrapped
+        if getattr(self, "_local_parser_env", None) is None:
+            self._local_parser_env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+        return self._local_parser_env
+
     def _plain_reply(self, reply: Any) -> str:
         """`reply` when the env reads it as plain text, else `_TURN_END`: a reply holding tool-call
         markup (or anything the env's parser would not take as text) must end the turn, not run calls."""
@@ -183,7 +210,7 @@ class BFCLEnvironment(_SeeupoEnvironment):
 
         if not isinstance(reply, str) or not reply.strip():
             return _TURN_END
-        env = self._env.unwrapped
+        env = self._parsing_env()
         parsed = parse_tool_response(reply, [], parser=env.tool_parser, template=env.template,
                                      max_chars=env.max_action_chars)
         return reply if parsed.error is None and not parsed.calls else _TURN_END
@@ -192,13 +219,16 @@ class BFCLEnvironment(_SeeupoEnvironment):
         return _TURN_END
 
 
-def bfcl_environment_class(classes: tuple[str, ...], env_kwargs: dict[str, Any]) -> type[BFCLEnvironment]:
-    """The environment class whose tools are the functions of these BFCL backends."""
+def bfcl_environment_class(
+    classes: tuple[str, ...], env_kwargs: dict[str, Any], url: str | None = None, env_id: str | None = None
+) -> type[BFCLEnvironment]:
+    """The environment class whose tools are the functions of these BFCL backends (served: `env_id` at `url`)."""
     from seeupo_gym.bfcl.data import function_docs
 
     methods = {doc.name: _bfcl_tool(doc) for class_name in classes for doc in function_docs()[class_name]}
     kwargs = {"split": "all", **env_kwargs, "action_format": "tools"}
-    return type(f"BFCL_{'_'.join(classes)}", (BFCLEnvironment,), {**methods, "env_kwargs": kwargs})
+    return type(f"BFCL_{'_'.join(classes)}", (BFCLEnvironment,), {**methods, "env_kwargs": kwargs, "url": url,
+                                                               "env_id": env_id if url and env_id else BFCLEnvironment.env_id})
 
 
 def bfcl_environment_name(classes: tuple[str, ...]) -> str:
@@ -252,23 +282,44 @@ class EnvReward:
 # -------------------------------------------------------------------------------------------- make
 
 
-def make(env_id: str, task_ids: list[str] | None = None, **env_kwargs: Any) -> dict[str, Any]:
+def make(
+    env_id: str, /, task_ids: list[str] | None = None, *, url: str | None = None, **env_kwargs: Any
+) -> dict[str, Any]:
     """GRPOTrainer's `environment_factory`, `train_dataset` and `reward_funcs`, as keyword arguments:
     `GRPOTrainer(model=..., args=..., **make(env_id, ...))`.
 
-    env_id: "seeupo/TurnBandit-v0", "seeupo/BFCL-v4-v0" (or a category id) or "seeupo/AppWorld-v0".
-    task_ids: the tasks of the dataset (default: the env's own task list / split).
+    env_id: "seeupo/TurnBandit-v0", "seeupo/BFCL-v4-v0" (or a category id) or "seeupo/AppWorld-v0";
+        or "seeupo/Remote-v0" with `url`, `env_id` (the served id) and `env_kwargs`, as `gym.make` takes it.
+    task_ids: the tasks of the dataset (default: the env's own task list / split; the server's with `url`).
+    url: a `seeupo-serve` server serving `env_id` with these kwargs; each instance is a session there.
     env_kwargs: passed to `gym.make` (every env runs in the tools format).
     Each dataset row holds `prompt` (the system message and an empty user message, which `reset`
     fills with the task's first message) and `task_id`; BFCL rows also hold `environment`.
     `reward_funcs` is one `EnvReward`: one reward column per env.
     """
-    factory, dataset = _factory_and_dataset(env_id, task_ids, env_kwargs)
+    if env_id == "seeupo/Remote-v0":
+        served_id, served_kwargs = env_kwargs.pop("env_id", None), env_kwargs.pop("env_kwargs", None) or {}
+        if not url or not isinstance(served_id, str):
+            raise ValueError('make("seeupo/Remote-v0", ...) needs url= (the seeupo-serve server) and env_id= (the id it serves)')
+        if env_kwargs:
+            raise ValueError(f"unknown arguments for seeupo/Remote-v0: {sorted(env_kwargs)}; the env's kwargs go in env_kwargs={{...}}")
+        if served_id == "seeupo/Remote-v0":
+            raise ValueError("env_id= names the env the server serves, not seeupo/Remote-v0")
+        return make(served_id, task_ids, url=url, **dict(served_kwargs))
+    factory, dataset = _factory_and_dataset(env_id, task_ids, env_kwargs, url)
     return {"environment_factory": factory, "train_dataset": dataset, "reward_funcs": [EnvReward(env_id)]}
 
 
-def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: dict[str, Any], url: str | None) -> tuple[Any, Any]:
     from datasets import Dataset
+
+    def served_task_ids(kwargs: dict[str, Any]) -> list[str]:
+        """The server's task list for these kwargs (it checks them against what it serves)."""
+        probe = gym.make("seeupo/Remote-v0", url=url, env_id=env_id, env_kwargs=kwargs)
+        try:
+            return list(probe.unwrapped.task_ids)
+        finally:
+            probe.close()
 
     def rows(ids: list[str], system: str, **extra: Any) -> list[dict[str, Any]]:
         prompt = [{"role": "system", "content": system}, {"role": "user", "content": ""}]
@@ -276,9 +327,12 @@ def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: di
 
     if env_id == "seeupo/TurnBandit-v0":
         kwargs = {**env_kwargs, "action_format": "tools"}
-        cls = type("TurnBanditEnvironment", (TurnBanditEnvironment,), {"env_kwargs": kwargs})
-        probe = gym.make(env_id, **kwargs).unwrapped
-        ids = list(task_ids) if task_ids is not None else list(probe.task_ids)
+        cls = type("TurnBanditEnvironment", (TurnBanditEnvironment,), {"env_kwargs": kwargs, "url": url})
+        probe = gym.make(env_id, **kwargs).unwrapped  # the system prompt; local, cheap
+        if task_ids is not None:
+            ids = list(task_ids)
+        else:
+            ids = served_task_ids(kwargs) if url else list(probe.task_ids)
         return cls, Dataset.from_list(rows(ids, probe.system_prompt()))
 
     if env_id.startswith("seeupo/BFCL-v4"):
@@ -289,9 +343,13 @@ def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: di
         # Each tool call is a step: the paper's 10 responses would be a handful of calls here.
         env_kwargs = {"max_turns": 50, **env_kwargs}
         probe = gym.make(env_id, **{**env_kwargs, "action_format": "tools"}).unwrapped
-        kwargs = {"categories": probe.categories, **env_kwargs}
+        # Served: the server's id fixes the categories; the kwargs must be what it serves.
+        kwargs = {**env_kwargs} if url else {"categories": probe.categories, **env_kwargs}
         kwargs.pop("split", None)
-        ids = list(task_ids) if task_ids is not None else list(probe.task_ids)
+        if task_ids is not None:
+            ids = list(task_ids)
+        else:
+            ids = served_task_ids({"split": "all", **kwargs, "action_format": "tools"}) if url else list(probe.task_ids)
         factories: dict[str, Any] = {}
         data: list[dict[str, Any]] = []
         system = tools_system_prompt(probe.template if isinstance(probe.template, ReActTemplate) else ReActTemplate(),
@@ -300,7 +358,7 @@ def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: di
             classes = get_entry(task_id).involved_classes
             name = bfcl_environment_name(classes)
             if name not in factories:
-                factories[name] = bfcl_environment_class(tuple(sorted(classes)), kwargs)
+                factories[name] = bfcl_environment_class(tuple(sorted(classes)), kwargs, url=url, env_id=env_id)
             data += rows([task_id], system, environment=name)
         return factories, Dataset.from_list(data)
 
@@ -311,11 +369,16 @@ def _factory_and_dataset(env_id: str, task_ids: list[str] | None, env_kwargs: di
 
         kwargs = {**env_kwargs, "action_format": "tools"}
         split = kwargs.get("split", MINI_SPLIT)
-        ids = list(task_ids) if task_ids is not None else list(read_split(find_data_dir(split, kwargs.get("data_dir")), split))
+        if task_ids is not None:
+            ids = list(task_ids)
+        elif url:  # the data and the sandboxes are the server's
+            ids = served_task_ids(kwargs)
+        else:
+            ids = list(read_split(find_data_dir(split, kwargs.get("data_dir")), split))
         template = kwargs.get("template") or ReActTemplate()
         system = template.system_prompt(role=ROLE, protocol=PROTOCOL.format(max_turns=kwargs.get("max_turns", 10)),
                                         action_format=TOOLS_ACTION_FORMAT)
-        cls = type("AppWorldEnvironment", (AppWorldEnvironment,), {"env_kwargs": kwargs})
+        cls = type("AppWorldEnvironment", (AppWorldEnvironment,), {"env_kwargs": kwargs, "url": url})
         return cls, Dataset.from_list(rows(ids, system))
 
     raise ValueError(f"no TRL adapter for {env_id!r}; use seeupo/TurnBandit-v0, seeupo/BFCL-v4-v0 or seeupo/AppWorld-v0")

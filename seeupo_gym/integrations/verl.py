@@ -1,0 +1,250 @@
+"""Our envs as a verl agent loop (verl 0.9.1, `verl.experimental.agent_loop`).
+
+verl runs one agent loop per dataset row (`agent_name` picks the loop). `SeeupoAgentLoop`, registered
+as "seeupo_env", runs one of our envs per row, token-in/token-out through verl's server manager:
+
+- the prompt is the env's own first messages (system + first user), rendered by the chat template
+  with the env's tools as `tools=` in the tools format (the row's `prompt` is not used);
+- each turn, `server_manager.generate(prompt_ids=prompt + response so far)` samples one response;
+  its decoded text (without the final stop token) is the env's action;
+- the env's new messages (user or tool) are rendered as the template appends them and tokenized
+  once; they join the response with mask 0, the sampled tokens with mask 1 (verl's layout:
+  `| model 1..1 | env 0..0 | model 1..1 |`), their logprobs as sampled (0.0 on env tokens);
+- the env's final reward is the sample's `reward_score`. A sample that fills `response_length`
+  before its episode ends, whose first prompt (tools included) exceeds `prompt_length`, or whose
+  env fails, scores 0.0 (`extra_fields["env_end"]` says which; an overlong prompt is kept as
+  its last `prompt_length` tokens, as verl does, with no response).
+
+Rows come from `build_dataset` (or `write_parquet`): `extra_info` holds `task_id`, `env_id` and
+`env_kwargs` (JSON), so one registered loop serves every env. In verl's config:
+
+    actor_rollout_ref.rollout.agent.agent_loop_config_path: seeupo_agent_loops.yaml
+    # seeupo_agent_loops.yaml:
+    # - name: seeupo_env
+    #   _target_: seeupo_gym.integrations.verl.SeeupoAgentLoop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import uuid4
+
+import gymnasium as gym
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+import seeupo_gym  # noqa: F401  (registers the Gymnasium ids)
+from seeupo_gym.agents.chat import appended_text, render_chat
+from seeupo_gym.agents.vector import ChatDelta, encode
+from seeupo_gym.integrations.task_prompts import task_prompts
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "seeupo_env"
+
+END_TERMINATED, END_TRUNCATED = "terminated", "truncated"
+END_RESPONSE_LENGTH, END_PROMPT_LENGTH, END_ENV_ERROR = "response_length", "prompt_length", "env_error"
+
+
+class _EnvError(RuntimeError):
+    """The env failed (raised or timed out): the sample ends, the batch goes on."""
+
+
+@register(AGENT_NAME)
+class SeeupoAgentLoop(AgentLoopBase):
+    """One episode of a seeupo-gym env per sample.
+
+    Keyword arguments (from the agent loop YAML; a row's `extra_info` overrides env_id / env_kwargs):
+        env_id: a registered `seeupo/...` id, for rows that do not name one.
+        env_kwargs: `gym.make` keyword arguments, for rows that do not give them.
+        max_tokens_per_turn: cap of one response (default: what is left of `response_length`).
+        env_timeout_s: deadline of one env reset or step; a later answer is not waited for.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_tokens_per_turn: int | None = None,
+        env_timeout_s: float = 600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.max_tokens_per_turn = max_tokens_per_turn
+        self.env_timeout_s = env_timeout_s
+        self.response_length = int(self.rollout_config.response_length)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.delta = ChatDelta(self.tokenizer)
+        self.stop_token_ids = {self.tokenizer.eos_token_id} - {None}
+        self.vocab_size = len(self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        env_id, env_kwargs, task_id = self._episode_of(kwargs.get("extra_info"))
+        env: gym.Env | None = None
+        response_ids: list[int] = []
+        response_mask: list[int] = []
+        response_logprobs: list[float] = []
+        prompt_ids: list[int] = []
+        messages: list[dict[str, Any]] = []
+        reward, success, end, error = 0.0, False, END_RESPONSE_LENGTH, ""
+        try:
+            env = await self._env_call(gym.make, env_id, **env_kwargs)
+            _, info = await self._env_call(env.reset, options={"task_id": task_id})
+            messages = [dict(m) for m in info["messages"]]
+            tools = list(info.get("tools") or []) or None
+            prompt_ids = encode(self.tokenizer, render_chat(self.tokenizer, messages, add_generation_prompt=True, tools=tools))
+            if len(prompt_ids) > self.prompt_length:
+                logger.warning("task %s: the prompt has %d tokens, over prompt_length=%d; the sample scores 0.0",
+                               task_id, len(prompt_ids), self.prompt_length)
+                end, prompt_ids = END_PROMPT_LENGTH, prompt_ids[-self.prompt_length :]
+            request_id = uuid4().hex
+            while end != END_PROMPT_LENGTH and len(response_ids) < self.response_length:
+                left = self.response_length - len(response_ids)
+                max_tokens = min(left, self.max_tokens_per_turn or left)
+                output = await self.server_manager.generate(
+                    request_id=request_id,
+                    prompt_ids=prompt_ids + response_ids,
+                    sampling_params={**sampling_params, "max_tokens": max_tokens},
+                )
+                sampled, logprobs = self._checked(output, max_tokens)
+                response_ids += sampled
+                response_mask += [1] * len(sampled)
+                response_logprobs += logprobs
+                stopped = bool(sampled) and sampled[-1] in self.stop_token_ids
+                action = self.tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False)
+                _, step_reward, terminated, truncated, info = await self._env_call(env.step, action)
+                if terminated or truncated:
+                    reward, success = float(step_reward), bool(info.get("success", False))
+                    end = END_TERMINATED if terminated else END_TRUNCATED
+                    messages = [dict(m) for m in info.get("messages", messages)]
+                    break
+                following, messages = self._new_messages(messages, info)
+                closed_by = self.tokenizer.decode([sampled[-1]], skip_special_tokens=False) if stopped else ""
+                observation = encode(self.tokenizer, appended_text(self.tokenizer, self.delta.closing, following,
+                                                                   closed_by=closed_by))
+                response_ids += observation
+                response_mask += [0] * len(observation)
+                response_logprobs += [0.0] * len(observation)
+        except _EnvError as err:
+            end, error = END_ENV_ERROR, str(err)
+            logger.warning("seeupo env %s, task %s: %s", env_id, task_id, err)
+        finally:
+            if env is not None:
+                try:
+                    env.close()
+                except Exception:  # closing must not hide the sample's own outcome
+                    logger.exception("closing env %s failed", env_id)
+        cut = self.response_length
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[:cut],
+            response_mask=response_mask[:cut],
+            response_logprobs=response_logprobs[:cut],
+            reward_score=reward,
+            num_turns=sum(1 for m in messages if m.get("role") != "system"),
+            metrics=AgentLoopMetrics(),
+            extra_fields={
+                "task_id": task_id,
+                "env_end": end,
+                "env_error": error,
+                "turn_scores": [],
+                "tool_rewards": [],
+                "reward_extra_info": {"success": float(success)},
+            },
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _episode_of(self, extra_info: Any) -> tuple[str, dict[str, Any], str]:
+        """(env_id, env_kwargs, task_id) of a row; a malformed row is a clear error."""
+        extra = extra_info if isinstance(extra_info, Mapping) else {}
+        task_id = extra.get("task_id")
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError(f"a seeupo_env row needs extra_info.task_id (a string); got keys {sorted(map(str, extra))}")
+        env_id = extra.get("env_id") or self.env_id
+        if not isinstance(env_id, str) or not env_id.startswith("seeupo/"):
+            raise ValueError(f"a seeupo_env row needs a seeupo env id (extra_info.env_id or the loop's env_id), got {env_id!r}")
+        env_kwargs = self.env_kwargs
+        if extra.get("env_kwargs"):
+            raw = extra["env_kwargs"]
+            env_kwargs = json.loads(raw) if isinstance(raw, str) else raw
+            if not isinstance(env_kwargs, Mapping):
+                raise ValueError(f"extra_info.env_kwargs must be a JSON object of gym.make arguments, got {raw!r:.200}")
+        return env_id, dict(env_kwargs), task_id
+
+    async def _env_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn` in a thread (envs block), under the env deadline; failures become `_EnvError`."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(None, lambda: fn(*args, **kwargs)), self.env_timeout_s)
+        except asyncio.TimeoutError:
+            raise _EnvError(f"{getattr(fn, '__name__', 'env call')} took longer than {self.env_timeout_s} s") from None
+        except Exception as err:  # noqa: BLE001  any env failure ends this sample only
+            raise _EnvError(f"{getattr(fn, '__name__', 'env call')} failed: {type(err).__name__}: {err}") from err
+
+    def _checked(self, output: Any, max_tokens: int) -> tuple[list[int], list[float]]:
+        """The server's token ids and logprobs, refused when they cannot be what was asked for."""
+        ids = list(getattr(output, "token_ids", None) or [])
+        if len(ids) > max_tokens:
+            raise ValueError(f"the server returned {len(ids)} tokens for max_tokens={max_tokens}")
+        if not all(type(i) is int and 0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"the server returned token ids outside the tokenizer's vocabulary (size {self.vocab_size})")
+        logprobs = getattr(output, "log_probs", None)
+        if logprobs is None:
+            return ids, [0.0] * len(ids)
+        if len(logprobs) != len(ids):
+            raise ValueError(f"the server returned {len(logprobs)} logprobs for {len(ids)} tokens")
+        return ids, [float(lp) for lp in logprobs]
+
+    @staticmethod
+    def _new_messages(before: Sequence[dict[str, Any]], info: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The messages the env added after its record of the response, and its whole history."""
+        messages = [dict(m) for m in info["messages"]]
+        following = messages[len(before) + 1 :]
+        if not following or not all(m.get("role") in ("user", "tool") for m in following):
+            raise _EnvError(f"the env's new messages are not user or tool messages: {[m.get('role') for m in following]}")
+        return following, messages
+
+
+# ----------------------------------------------------------------------------------- datasets
+
+
+def build_dataset(
+    env_id: str,
+    task_ids: Sequence[str] | None = None,
+    *,
+    agent_name: str = AGENT_NAME,
+    **env_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """verl's rows (RLHFDataset columns) for the tasks of `env_id`.
+
+    task_ids: the tasks (default: the env's own task list, i.e. its split). Each row: `prompt` (the
+    env's first messages, which verl uses to filter overlong prompts), `data_source` (the env id),
+    `agent_name`, `ability`, `reward_model` (the env scores: no ground truth here) and `extra_info`
+    (`split`: the env's split kwarg, default "train"; `index`, `task_id`, `env_id`, `env_kwargs` as JSON).
+    """
+    return [
+        {
+            "data_source": env_id,
+            "agent_name": agent_name,
+            "prompt": prompt,
+            "ability": "agent",
+            "reward_model": {"style": "env", "ground_truth": ""},
+            "extra_info": {"split": str(env_kwargs.get("split", "train")), "index": index, "task_id": task_id, "env_id": env_id,
+                           "env_kwargs": json.dumps(env_kwargs)},
+        }
+        for index, (task_id, prompt) in enumerate(task_prompts(env_id, task_ids, **env_kwargs))
+    ]
+
+
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Rows from `build_dataset` as the parquet file verl's `data.train_files` reads."""
+    import pandas as pd
+
+    pd.DataFrame(list(rows)).to_parquet(path)
