@@ -18,7 +18,7 @@ from seeupo_gym.remote import RemoteEnv, RemoteEnvError  # noqa: E402
 from test_trl_adapter import bfcl_ground_truth, reset_row  # noqa: E402
 
 BANDIT = {"variant": "follow", "num_tasks": 4}
-BANDIT_ARGS = ("variant=follow", "num_tasks=4")
+BANDIT_ARGS = ("variant=follow", "num_tasks=4", "action_format=tools")  # the adapter plays TurnBandit's tools format
 
 
 def free_port() -> int:
@@ -66,7 +66,7 @@ def test_bfcl_ground_truth_over_a_served_env_scores_one():
 
 
 def test_the_dataset_of_a_served_env_is_the_servers_task_list():
-    with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3") as served:
+    with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3", "action_format=tools") as served:
         _, dataset = made("seeupo/TurnBandit-v0", url=served.url, variant="follow", num_tasks=3)
     assert [row["task_id"] for row in dataset] == ["follow-0-0", "follow-0-1", "follow-0-2"]
 
@@ -75,7 +75,7 @@ def test_the_dataset_of_a_served_env_is_the_servers_task_list():
 
 
 def test_a_server_that_serves_other_kwargs_is_refused_before_any_episode():
-    with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3") as served:
+    with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3", "action_format=tools") as served:
         with pytest.raises(ValueError, match="serves seeupo/TurnBandit-v0 with"):
             make("seeupo/TurnBandit-v0", url=served.url, variant="mixed", num_tasks=3)
         with pytest.raises(ValueError, match="not 'seeupo/BFCL-v4-v0'"):
