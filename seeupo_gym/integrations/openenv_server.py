@@ -1,6 +1,6 @@
 """`seeupo-serve`: any registered env over the OpenEnv protocol, on openenv-core's own server.
 
-The wire contract (docs in the README, "Serving envs"):
+The wire contract (docs/integrations.md, "Envs beyond one process"):
 
 - a WebSocket session at `/ws` is one env instance; `{"type": "reset", "data": {"seed": 3,
   "task_id": "..."}}` starts an episode, `{"type": "step", "data": {"response": "..."}}` sends
