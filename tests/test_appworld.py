@@ -236,6 +236,7 @@ def test_a_server_killed_mid_episode_ends_it_and_close_leaves_no_process(pool):
                    for pid in pids + sandboxed)
 
 
+@pytest.mark.slow
 def test_four_async_envs_run_episodes_concurrently_on_separate_servers():
     envs = gym.make_vec(
         "seeupo/AppWorld-v0",

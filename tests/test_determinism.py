@@ -36,7 +36,12 @@ def _frozen_passes_bitwise_equal(policy, samples) -> None:
     assert torch.equal(first.logprobs, ref_first.logprobs)
 
 
-@pytest.mark.parametrize("preset", presets())
+# Every preset on the tiny model: the full-fine-tuning and LoRA smoke presets in the default suite,
+# the rest (the same code paths with other numbers) in the slow suite.
+FAST_PRESETS = ("tiny-cpu", "demo")
+
+
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=() if p in FAST_PRESETS else pytest.mark.slow) for p in presets()])
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
 def test_two_frozen_passes_are_bitwise_equal_for_every_preset(preset, gradient_checkpointing):
     config = load_config(preset, [*_tiny_overrides(preset), f"model.gradient_checkpointing={gradient_checkpointing}"])

@@ -141,7 +141,7 @@ def test_bfcl_results_are_split_by_category(tiny):
     assert isinstance(result, EvalResult) and result.to_dict()["summary"] == result.summary
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["full", "lora"])
 def test_a_trainer_checkpoint_loads_with_the_trained_weights(tmp_path, lora):
     import torch
 

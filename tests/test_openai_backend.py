@@ -320,6 +320,7 @@ def test_a_lora_update_reaches_the_server_and_later_samples_come_from_it(server,
     assert (last["route"], last["model"], last["policy_version"]) == ("completions", "policy-v1", "1")
 
 
+@pytest.mark.slow
 def test_a_training_run_generates_on_the_server_and_pushes_each_versions_adapter(tmp_path, one_torch_thread):
     from trainer_helpers import tiny_config
 

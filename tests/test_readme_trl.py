@@ -57,6 +57,7 @@ def run_recipe(tmp_path: Path, model: str, timeout: float) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_trl_recipe_runs_as_written_on_cpu_with_the_tiny_model(tmp_path):
     """About a minute of CPU (72 s user + sys measured, most of it TRL's two steps)."""

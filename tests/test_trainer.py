@@ -25,7 +25,9 @@ from seeupo_gym.training.trainer import RolloutError, Trainer
 TURNS = {"ppo": 2, "grpo": 1, "gspo": 1, "seeupo": 2}
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "gspo", "seeupo"])
+# GRPO and SeeUPO in the default suite; PPO and GSPO (whose updates the algorithm tests cover) in the slow one.
+@pytest.mark.parametrize("algorithm", [pytest.param("ppo", marks=pytest.mark.slow), "grpo",
+                                       pytest.param("gspo", marks=pytest.mark.slow), "seeupo"])
 def test_each_algorithm_trains_two_steps_on_bfcl_with_length_shaped_reward(tmp_path, algorithm):
     config = tiny_config(tmp_path, f"algorithm.name={algorithm}", "train.steps=2",
                          f"env.kwargs={{max_turns: {TURNS[algorithm]}}}")
@@ -45,6 +47,7 @@ def test_each_algorithm_trains_two_steps_on_bfcl_with_length_shaped_reward(tmp_p
     assert [p.name for p in checkpoints(tmp_path / "run" / "checkpoints")] == ["step-2"]
 
 
+@pytest.mark.slow
 def test_lora_run_trains_only_the_adapter(tmp_path):
     config = tiny_config(tmp_path, "model.lora={r: 4, alpha: 8}", "train.steps=1", "env.kwargs={max_turns: 1}",
                          "optim.lr=1e-2")

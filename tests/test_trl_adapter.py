@@ -161,6 +161,7 @@ def test_unknown_env_id_is_a_clear_error():
 
 
 @pytest.mark.appworld
+@pytest.mark.slow
 def test_appworld_ground_truth_through_execute_python_scores_one():
     from conftest import appworld_mini
 
