@@ -13,6 +13,7 @@ from seeupo_gym.bfcl import CATEGORIES, get_entry, load_category, render_tool_ac
 from seeupo_gym.bfcl.env import FINAL_OBSERVATION
 from seeupo_gym.bfcl.prompt import json_schema
 from seeupo_gym.tools import render_tool_calls
+from fuzz_helpers import mangled
 
 
 def make(**kwargs):
@@ -189,14 +190,7 @@ def test_mangled_tool_calls_never_raise():
     env.reset(options={"task_id": "multi_turn_base_0"})
     alphabet = '{}[]":,\\<>/ \n0123456789eE.-+tool_callnameargumentsNaN\x00\ud800'
     for _ in range(300):
-        chars = list(valid)
-        for _ in range(rng.randint(1, 6)):
-            position = rng.randrange(len(chars))
-            if rng.random() < 0.5:
-                chars[position] = rng.choice(alphabet)
-            else:
-                del chars[position]
-        observation, reward, terminated, truncated, info = env.step("".join(chars))
+        observation, reward, terminated, truncated, info = env.step(mangled(valid, rng, alphabet))
         assert isinstance(observation, str) and info["action_kind"] in ("calls", "turn_end", "error")
         if terminated or truncated:
             env.reset(options={"task_id": "multi_turn_base_0"})

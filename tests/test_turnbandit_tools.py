@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env
 import seeupo_gym  # noqa: F401  (registers the ids)
 from seeupo_gym.tools import render_tool_calls
 from seeupo_gym.turnbandit import TOOLS
+from fuzz_helpers import mangled
 
 KWARGS = {"variant": "follow", "num_tasks": 4, "action_format": "tools"}
 
@@ -115,14 +116,7 @@ def test_mangled_tool_calls_never_raise():
     alphabet = '{}[]":,\\<>/ \n0123456789eE.-+tool_callnameargumentslabelABNaN\x00\ud800'
     kinds = set()
     for _ in range(400):
-        chars = list(valid)
-        for _ in range(rng.randint(1, 6)):
-            position = rng.randrange(len(chars))
-            if rng.random() < 0.5:
-                chars[position] = rng.choice(alphabet)
-            else:
-                del chars[position]
-        observation, reward, terminated, truncated, info = env.step("".join(chars))
+        observation, reward, terminated, truncated, info = env.step(mangled(valid, rng, alphabet))
         assert isinstance(observation, str) and isinstance(info["action_error"], str)
         kinds.add(info["invalid_action"])
         if terminated or truncated:

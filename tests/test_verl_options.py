@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_verl_parity import verl_token_losses
 
 from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.base import TokenLogprobs, loss_share, make_algorithm
@@ -75,13 +76,8 @@ def verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None):
     return (seq_losses * seq_mask).sum() / seq_mask.sum()
 
 
-def verl_vanilla_pg_losses(old_log_prob, log_prob, advantages, clip_low, clip_high, clip_ratio_c):
-    ratio = torch.exp(torch.clamp(log_prob - old_log_prob, -20.0, 20.0))
-    pg1 = -advantages * ratio
-    pg2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clip1 = torch.maximum(pg1, pg2)
-    clip2 = torch.min(-advantages * clip_ratio_c, clip1)
-    return torch.where(advantages < 0, clip2, clip1)
+# verl's compute_policy_loss_vanilla per token, as transcribed once for tests/test_verl_parity.py.
+verl_vanilla_pg_losses = verl_token_losses
 
 
 def verl_gspo_pg_losses(old_log_prob, log_prob, advantages, mask, clip_low, clip_high):
