@@ -43,13 +43,13 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, one_torch_thread):
-    """A real run: the tiny-turnbandit preset (TurnBandit easy, tiny model, SeeUPO), 2 steps of 2 tasks x 2 rollouts."""
+    """A real run: the smoke preset (TurnBandit capital, tiny model, SeeUPO), 2 steps of 2 tasks x 2 rollouts."""
     from seeupo_gym.training.config import load_config
     from seeupo_gym.training.trainer import Trainer
 
-    run = tmp_path_factory.mktemp("run") / "tiny-turnbandit"
-    config = load_config("tiny-turnbandit", [f"log.output_dir={run}", "train.steps=2", "train.save_every=0",
-                                             "log.progress_bars=false"])
+    run = tmp_path_factory.mktemp("run") / "smoke"
+    config = load_config("smoke", [f"log.output_dir={run}", "train.steps=2", "train.tasks_per_step=2",
+                                   "train.group_size=2", "log.progress_bars=false"])
     with Trainer(config) as trainer:
         trainer.train(save_at_end=False)
     return run
@@ -141,7 +141,7 @@ def test_a_real_run_records_every_episode_with_seeupos_values(tiny_run, tokenize
         assert turns[0]["context_kept_tokens"] == 0 and "TurnBandit" in turns[0]["context_delta"]
         for before, turn in zip(turns, turns[1:]):  # the agent appends tokens: every context extends the last
             assert turn["context_kept_tokens"] == before["context_tokens"] + before["response_tokens"]
-        # tiny-turnbandit trains SeeUPO: every turn was updated in a pool, reverse order, with its M.
+        # smoke trains SeeUPO: every turn was updated in a pool, reverse order, with its M.
         assert [t["update_order"] for t in turns] == list(range(len(turns), 0, -1))
         assert all(t["m"] is not None for t in turns)
 
