@@ -46,7 +46,7 @@ def test_hf_backend_builds_itself_for_training_on_the_trained_module():
 
 
 def test_unknown_backend_name_is_refused():
-    with pytest.raises(ValueError, match=r"unknown generation backend 'sglang'; choose one of \('hf', 'vllm'\)"):
+    with pytest.raises(ValueError, match=r"unknown generation backend 'sglang'; choose one of \('hf', 'vllm', 'openai'\)"):
         backend_class("sglang")
 
 

@@ -91,7 +91,7 @@ def test_our_scores_equal_bfcl_evals_own_on_the_embedded_models_responses(tmp_pa
                for index in range(10)]
     code = eval_main([
         "--model", "embedded", "--env", "seeupo/BFCL-v4-v0", "--tasks", ",".join(entries),
-        "--env-kwargs", json.dumps({"split": "all", "max_turns": 4}), "--max-new-tokens", "96",
+        "--env-kwargs", json.dumps({"split": "all", "max_turns": 3}), "--max-new-tokens", "64",
         "--rollouts", str(tmp_path / "rollouts.jsonl"), "--export-bfcl", str(tmp_path / "bfcl"), "--no-progress",
     ])
     assert code == 0

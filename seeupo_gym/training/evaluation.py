@@ -354,8 +354,9 @@ class _TurnProgress(Backend):
         generated = len(future.result().token_ids)
         self.turns += 1
         self.tokens += generated
-        self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated", refresh=False)
         self._bar.update(generated)
+        # Shown at once: a response is the bar's unit of news (the update alone may wait for mininterval).
+        self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated")
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:
