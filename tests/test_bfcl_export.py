@@ -86,6 +86,7 @@ def test_our_scores_equal_bfcl_evals_own_on_the_exported_result_files(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_our_scores_equal_bfcl_evals_own_on_the_embedded_models_responses(tmp_path):
     entries = [f"multi_turn_{category}_{index}" for category in ("base", "miss_func", "miss_param", "long_context")
                for index in range(10)]
