@@ -51,9 +51,13 @@ def _verdicts_agree(folder: Path, rollouts: list[dict]) -> None:
     ours = {r["task_id"]: r["reward"] for r in rollouts}
     cases = [case for path in sorted(folder.rglob("*_result.json")) for case in _decoded(path)]
     assert sorted(task for task, _ in cases) == sorted(ours)
+    # bfcl-eval's runner fails a result with fewer turns than the ground truth as force-terminated
+    # before its checker runs (`_evaluate_single_multi_turn_entry`); the checker sees the others.
+    complete = [(task_id, steps) for task_id, steps in cases if len(steps) == get_entry(task_id).num_user_turns]
     with reference_process() as pool:
-        official = pool.submit(official_verdicts, cases).result()
-    for (task_id, _), (valid, error_type, _) in zip(cases, official):
+        official = dict(zip([task_id for task_id, _ in complete], pool.submit(official_verdicts, complete).result()))
+    for task_id, _ in cases:
+        valid, error_type, _ = official.get(task_id, (False, "multi_turn:force_terminated", -1))
         assert (ours[task_id] == 1.0) == valid, (task_id, error_type)
 
 
