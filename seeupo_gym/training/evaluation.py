@@ -326,19 +326,15 @@ class _TurnProgress(Backend):
 
     def generate(self, prompts: Any, sampling: Any) -> Any:
         completions = self._backend.generate(prompts, sampling)
-        generated = sum(len(c.token_ids) for c in completions)
-        self.turns += 1
-        self.tokens += generated
-        self._bar.update(generated)
-        self._bar.set_postfix_str(f"turn {self.turns} ({len(prompts)} episodes), {self.tokens} tokens generated")
+        self._record(sum(len(c.token_ids) for c in completions), f"turn {self.turns + 1} ({len(prompts)} episodes)")
         return completions
 
     def update_weights(self, state_dict_or_model: Any) -> None:
         self._backend.update_weights(state_dict_or_model)
 
     def __getattr__(self, name: str) -> Any:
-        # `submit` (and anything else) of the wrapped backend: without it the per-episode schedule
-        # would fall back to one request at a time whenever a progress bar is shown.
+        # The wrapped backend's `submit`: without it the per-episode schedule would fall back to one
+        # request at a time whenever a progress bar is shown.
         if name == "submit" and callable(getattr(self._backend, "submit", None)):
             return self._submit
         raise AttributeError(name)
@@ -351,12 +347,14 @@ class _TurnProgress(Backend):
     def _count(self, future: Any) -> None:
         if future.cancelled() or future.exception() is not None:
             return
-        generated = len(future.result().token_ids)
+        self._record(len(future.result().token_ids), f"{self.turns + 1} responses")
+
+    def _record(self, generated: int, what: str) -> None:
         self.turns += 1
         self.tokens += generated
         self._bar.update(generated)
         # Shown at once: a response is the bar's unit of news (the update alone may wait for mininterval).
-        self._bar.set_postfix_str(f"{self.turns} responses, {self.tokens} tokens generated")
+        self._bar.set_postfix_str(f"{what}, {self.tokens} tokens generated")
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:
