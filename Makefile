@@ -22,6 +22,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	# serve, ray: seeupo-serve and Ray env workers; trl, skyrl: the adapters' tests run the real
 	# libraries (their pins agree with ours).
+	# openenv replaced openenv-core (both own the `openenv` package): the old one goes first.
+	$(PIP) uninstall -q -y openenv-core
 	$(PIP) install -q -e ".[dev,serve,ray,trl,skyrl,verl]" torch==2.13.0
 	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
 	# executor and checker need only the standard library and mpmath.

@@ -338,6 +338,38 @@ def parse_tool_response(
     return ParsedTools(content=parsed.content, calls=parsed.calls, thought=split.thought)
 
 
+# ---------------------------------------------------------------------------------- tool doors
+
+# Where a tool call is one env step (the TRL adapter, seeupo-serve's MCP tools), an env whose user
+# turns end with a plain-text response gets this tool; its reply is that response.
+END_TURN_TOOL = "end_turn"
+END_TURN_SCHEMA = function_schema(
+    END_TURN_TOOL,
+    "Reply to the user in plain text, which ends your turn; returns the user's next message.",
+    {"type": "object", "properties": {"reply": {"type": "string", "description": "Your answer to the user."}},
+     "required": ["reply"]},
+)
+TURN_END_REPLY = "Done."  # what an env is sent for a reply it would not read as plain text
+
+
+def plain_reply(reply: Any, *, parser: str | ToolParser, template: ReActTemplate, max_chars: int) -> str:
+    """`reply` when the env's parser reads it as plain text, else `TURN_END_REPLY`: an end-of-turn
+    reply holding tool-call markup must end the turn, not run the calls."""
+    if not isinstance(reply, str) or not reply.strip():
+        return TURN_END_REPLY
+    parsed = parse_tool_response(reply, [], parser=parser, template=template, max_chars=max_chars)
+    return reply if parsed.error is None and not parsed.calls else TURN_END_REPLY
+
+
+def step_tool_result(observation: str, info: Mapping[str, Any]) -> str:
+    """What a one-call step returns as the tool's result: the env's `tool` message when the call ran
+    (the env's own clipping applied), else its observation (an error, the next user message)."""
+    messages = info.get("messages") or []
+    if messages and messages[-1].get("role") == "tool" and not info.get("action_error"):
+        return str(messages[-1]["content"])
+    return observation
+
+
 def assistant_message(content: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
     """The assistant message of a tools-format response, as chat templates render it."""
     message: dict[str, Any] = {"role": "assistant", "content": content}

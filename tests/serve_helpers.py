@@ -87,3 +87,31 @@ def serving(env_id: str, *args: str, **kwargs) -> Iterator[Served]:
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def serving_in_process(app, startup_s: float = 30.0) -> Iterator[str]:
+    """`app` (from `openenv_server.create_app`) on 127.0.0.1, any free port, in a thread of this
+    process: no interpreter start and no imports to pay again. Yields the URL; closes every env."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        app.state.close_all()

@@ -74,6 +74,8 @@ class BFCLEnv(gym.Env[str, str]):
     """
 
     metadata = {"render_modes": []}
+    # A response without a call ends the user turn (tool doors offer it as an `end_turn` tool).
+    plain_text_ends_turn = True
 
     def __init__(
         self,
@@ -268,6 +270,14 @@ class BFCLEnv(gym.Env[str, str]):
         still open (a truncated episode) is left out, as BFCL's inference leaves out a turn it
         force-terminated."""
         return [[[call.source for call in calls] for calls in turn] for turn in self._calls_per_turn[: self._user_turn]]
+
+    @property
+    def visible_tools(self) -> list[dict[str, Any]]:
+        """In the tools format, the schemas of the functions shown so far: the system message's, then
+        each miss_func reveal's (for tool doors that list tools, as MCP does)."""
+        if self.action_format != "tools":
+            return []
+        return [tool_schema(doc) for doc in self._visible.values()] if self._entry is not None else []
 
     @property
     def entry(self) -> Entry | None:

@@ -6,10 +6,19 @@ The wire contract (docs/integrations.md, "Envs beyond one process"):
   "task_id": "..."}}` starts an episode, `{"type": "step", "data": {"response": "..."}}` sends
   one whole model response;
 - an observation is `{"text", "truncated", "info"}` with the step's `reward` and `done`
-  (terminated or truncated) beside it; `info` is the env's info made JSON-safe, same keys.
-  openenv-core's serializer leaves `Observation.metadata` off the wire, so the info travels in
-  the `info` field (in-process it is also the observation's metadata);
-- `/health`, `/schema`, `/metadata`, `/state` are openenv-core's; POST `/reset` works as
+  (terminated or truncated) beside it; `info` is the env's info made JSON-safe, same keys. The
+  models (`ResponseAction`, `TextObservation`, `SeeupoState`) live in `openenv_client`, which
+  clients import without this module; a step whose data is not `{"response": ...}` is refused
+  with a message naming `response`;
+- an env in the tools format (`action_format=tools`) is also an MCP tool environment (openenv's
+  `MCPEnvironment`): `tools/list` gives the episode's tools as JSON schemas (BFCL: the functions
+  shown so far; AppWorld: `execute_python`; TurnBandit: `answer`; plus `end_turn(reply)` where a
+  plain-text response ends a user turn), and each `tools/call` is one step of the env whose
+  response makes that one call, read by the env's own tool-call parser and checks (the same
+  bounds, the same `max_turns`); its result is `{"observation", "reward", "done", "truncated",
+  "turn", "action_error"}`. A call with no episode running, after the episode ended, or naming
+  no listed tool is refused (a JSON-RPC error) and runs nothing;
+- `/health`, `/schema`, `/metadata`, `/state` are openenv's; POST `/reset` works as
   there (a fresh env per request, closed after answering); POST `/step` has no episode to
   step (OpenEnv's HTTP endpoints are stateless) and says so;
 - GET `/seeupo/env` describes the served env (id, kwargs, the env's defaults, the kwargs a
@@ -22,9 +31,12 @@ Bounds: at most `max_sessions` live envs (WebSocket sessions and HTTP resets tog
 openenv-core refuses a session past it with CAPACITY_REACHED), idle sessions closed by
 openenv-core's reaper, request bodies and WebSocket messages at most `max_request_bytes`, a
 request body complete within `body_timeout_s`, a bearer token required on every route but
-`/health` when one is set. A session lives as long as the WebSocket that made it: HTTP
-`POST /mcp` may not create or address sessions (they would outlive their connection). The
-connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
+`/health` when one is set. A session lives as long as the WebSocket that made it or that
+attached to it: openenv's `MCPToolClient` creates a session over HTTP `POST /mcp`
+(`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`) and addresses it
+by id in `tools/*` requests; here such a session is closed when that WebSocket leaves, or
+`attach_timeout_s` after its creation if none attached, and an HTTP request may address a session
+only while its WebSocket is attached. The connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
 sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
 messages (WebSocket) or 4xx answers (HTTP); the server goes on.
 """
@@ -46,12 +58,21 @@ from typing import Any, Callable, Mapping
 import gymnasium as gym
 from fastapi import FastAPI, Request, WebSocketDisconnect
 from fastapi.responses import JSONResponse
+from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
+from fastmcp.tools import Tool as MCPTool
+from fastmcp.tools import ToolResult as MCPToolResult
+from mcp.types import TextContent
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, ConcurrencyConfig, EnvironmentMetadata, Observation, State
-from pydantic import Field
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import RESERVED_TOOL_NAMES, CallToolAction, ListToolsAction
+from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
+from pydantic import PrivateAttr
 
+from seeupo_gym.integrations.openenv_client import ActionShapeError, ResponseAction, SeeupoState, TextObservation
 from seeupo_gym.text import valid_unicode
+from seeupo_gym.tools import END_TURN_SCHEMA, END_TURN_TOOL, plain_reply, render_tool_calls, step_tool_result
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +82,6 @@ SESSION_KWARGS_FIELD = "env_kwargs"
 
 class SessionError(RuntimeError):
     """A request this session cannot serve: closed, at capacity, no episode, a bad option."""
-
-
-class ResponseAction(Action):
-    """One turn: the model's whole response."""
-
-    response: str = Field(description="the model's whole response for this turn")
-
-
-class TextObservation(Observation):
-    """What the env returned: its observation string, whether it truncated, and its info."""
-
-    text: str = Field(default="", description="the env's observation string")
-    truncated: bool = Field(default=False, description="the episode ended at a limit (max_turns), not by itself")
-    info: dict[str, Any] = Field(default_factory=dict, description="the env's info, JSON-safe, same keys as locally")
 
 
 def json_safe(value: Any) -> Any:
@@ -136,7 +143,7 @@ class Slots:
         return self._used
 
 
-class GymSession(Environment[ResponseAction, TextObservation, State]):
+class GymSession(Environment[ResponseAction, TextObservation, SeeupoState]):
     """One OpenEnv session over one gymnasium env, made at the first reset (so that openenv-core's
     per-request probes, `/state` and `/metadata`, cost nothing) and closed with the session."""
 
@@ -144,7 +151,7 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
 
     def __init__(self, env_id: str, make_env: Callable[[dict[str, Any]], gym.Env], slots: Slots,
                  live: set["GymSession"], lock: threading.Lock, session_kwargs: tuple[str, ...] = ()) -> None:
-        super().__init__()
+        Environment.__init__(self)  # not super(): a ToolSession's next base wants its MCP server
         self.env_id = env_id
         self._make_env = make_env
         self._session_kwargs = session_kwargs
@@ -158,6 +165,7 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         self._task_id: str | None = None
         self._done = True
         self._busy = 0
+        self._env_lock = threading.Lock()  # one reset, step or tool call at a time (WebSocket and HTTP alike)
         with lock:
             live.add(self)
 
@@ -169,14 +177,19 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
     def reset(self, seed: Any = None, episode_id: Any = None, **options: Any) -> TextObservation:
         self._busy += 1
         try:
-            return self._reset(seed, episode_id, options)
+            with self._env_lock:
+                return self._reset(seed, episode_id, options)
         finally:
             self._busy -= 1
 
     def step(self, action: ResponseAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
+        if not isinstance(action, ResponseAction):  # openenv reads MCP actions out of any step's data
+            raise SessionError(f"{self.env_id} is served in a format without tools: a step's data is {{\"response\": ...}}; "
+                               "MCP tools need the env made with action_format=tools")
         self._busy += 1
         try:
-            return self._step(action)
+            with self._env_lock:
+                return self._step(action)
         finally:
             self._busy -= 1
 
@@ -211,9 +224,9 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
         return self._observation(observation, float(reward), bool(terminated), bool(truncated), info)
 
     @property
-    def state(self) -> State:
-        return State(episode_id=self._episode_id, step_count=self._turn, turn=self._turn, task_id=self._task_id,
-                     done=self._done)
+    def state(self) -> SeeupoState:
+        return SeeupoState(episode_id=self._episode_id, step_count=self._turn, turn=self._turn, task_id=self._task_id,
+                           done=self._done)
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(name=self.env_id, description=f"{self.env_id} served by seeupo-serve (seeupo-gym)")
@@ -273,37 +286,179 @@ class GymSession(Environment[ResponseAction, TextObservation, State]):
 
     def _observation(self, text: Any, reward: float | None, terminated: bool, truncated: bool,
                      info: Any) -> TextObservation:
+        # The info travels once, in `info` (openenv would send `metadata` twice more).
         safe = json_safe(info if isinstance(info, dict) else {})
         return TextObservation(text=valid_unicode(str(text)), truncated=truncated, info=safe, done=terminated or truncated,
-                               reward=reward, metadata=safe)
+                               reward=reward)
+
+
+class EnvTool(MCPTool):
+    """One tool of the current episode, as FastMCP lists it; a call steps the session's env."""
+
+    _session: Any = PrivateAttr(default=None)
+
+    async def run(self, arguments: dict[str, Any]) -> MCPToolResult:
+        # The env's work (a checker, an AppWorld sandbox) must not hold up the server's event loop.
+        step = await asyncio.to_thread(self._session.call_tool, self.name, arguments)
+        return MCPToolResult(content=[TextContent(type="text", text=step["observation"])], structured_content=step)
+
+
+class ToolSession(GymSession, MCPEnvironment):
+    """A session of an env in the tools format, also an MCP tool environment (openenv's
+    `MCPEnvironment`, its FastMCP server holding the episode's tools). A tool call is one env step
+    whose response makes that one call (hermes markup, read back by the env's own parser and
+    checks: no second parser); `end_turn(reply)` is a plain-text response (a reply the env's
+    parser would read as calls is replaced by "Done.", as in the TRL adapter)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        GymSession.__init__(self, *args, **kwargs)
+        MCPEnvironment.__init__(self, FastMCP(name="seeupo-serve"))
+        self._listed: dict[str, EnvTool] = {}
+
+    # MCPEnvironment routes ListTools / CallTool actions itself; a response goes to GymSession.
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        if isinstance(action, (ListToolsAction, CallToolAction)):
+            return MCPEnvironment.step(self, action, timeout_s=timeout_s)
+        return GymSession.step(self, action)
+
+    async def step_async(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        if isinstance(action, (ListToolsAction, CallToolAction)):
+            return await MCPEnvironment.step_async(self, action, timeout_s=timeout_s)
+        return await asyncio.to_thread(GymSession.step, self, action)
+
+    def _step_impl(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        return GymSession.step(self, action)
+
+    def _reset(self, seed: Any, episode_id: Any, options: dict[str, Any]) -> TextObservation:
+        observation = super()._reset(seed, episode_id, options)
+        self._list_tools(observation.info)
+        return observation
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """One tool call as one env step; the step's outcome as the tool's structured result."""
+        self._busy += 1
+        try:
+            with self._env_lock:
+                if self._closed:
+                    raise ToolError(self._closed_message())
+                if self._env is None or self._done:
+                    raise ToolError(f"{name}: no episode is running in this session (none started, or it ended); "
+                                    "reset first")
+                if name not in self._listed:  # a tool of an earlier episode
+                    raise ToolError(f"`{name}` is not a tool of this episode (its tools: {sorted(self._listed)})")
+                env = self._env.unwrapped
+                if name == END_TURN_TOOL:
+                    response = plain_reply(arguments.get("reply"), parser=env.tool_parser, template=env.template,
+                                           max_chars=env.max_action_chars)
+                else:
+                    try:
+                        response = render_tool_calls([(name, arguments)])
+                    except (ValueError, RecursionError) as error:  # values json cannot write (too deep)
+                        raise ToolError(f"{name}: the arguments cannot be written as JSON ({type(error).__name__})") from None
+                observation = self._step(ResponseAction(response=response))
+                self._list_tools(observation.info)
+                return {"observation": step_tool_result(observation.text, observation.info),
+                        "reward": observation.reward, "done": observation.done, "truncated": observation.truncated,
+                        "turn": self._turn, "action_error": str(observation.info.get("action_error", ""))}
+        finally:
+            self._busy -= 1
+
+    def close(self) -> None:
+        GymSession.close(self)
+        self._listed = {}
+        MCPEnvironment.close(self)
+
+    def _list_tools(self, info: dict[str, Any]) -> None:
+        """Make the FastMCP server list the episode's tools now (BFCL reveals functions mid-episode)."""
+        env = self._env.unwrapped if self._env is not None else None
+        schemas = list(getattr(env, "visible_tools", None) or info.get("tools") or [])
+        if getattr(env, "plain_text_ends_turn", False):
+            schemas.append(END_TURN_SCHEMA)
+        wanted = {schema["function"]["name"]: schema["function"] for schema in schemas}
+        reserved = sorted(set(wanted) & RESERVED_TOOL_NAMES)
+        if reserved:
+            raise SessionError(f"{self.env_id} has tools named {reserved}, which MCP reserves; serve it as a WebSocket env")
+        if self.mcp_server is None or set(wanted) == set(self._listed):
+            return
+        for name in set(self._listed) - set(wanted):
+            self.mcp_server.remove_tool(name)
+            del self._listed[name]
+        for name in set(wanted) - set(self._listed):
+            function = wanted[name]
+            tool = EnvTool(name=name, description=str(function.get("description", "")),
+                           parameters=dict(function.get("parameters") or {"type": "object", "properties": {}}))
+            tool._session = self
+            self.mcp_server.add_tool(tool)
+            self._listed[name] = tool
+
 
 
 class SessionServer(HTTPEnvServer):
-    """openenv-core's server, where a request in flight counts as activity: its reaper measures
-    idleness from a session's last answered request, so it would close a session in the middle
-    of a long reset (an AppWorld server starting). Busy sessions are marked active every second."""
+    """openenv's server with two watches, every half second:
 
-    _busy_task: asyncio.Task | None = None
+    - a request in flight counts as activity: openenv's reaper measures idleness from a session's
+      last answered request, so it would close a session in the middle of a long reset (an
+      AppWorld server starting);
+    - a session made over HTTP (`openenv/session/create`, as `MCPToolClient` does) lives only as
+      long as the WebSocket attached to it: closed when it leaves, or `attach_timeout_s` after
+      creation if none came (openenv would keep it until its idle reaper runs)."""
+
+    _watch_task: asyncio.Task | None = None
+    attach_timeout_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._http_sessions: dict[str, float | None] = {}  # id -> attach deadline; None once attached
+
+    def track_http_session(self, session_id: str) -> None:
+        self._http_sessions[session_id] = time.monotonic() + self.attach_timeout_s
+
+    def is_http_session(self, session_id: str) -> bool:
+        return session_id in self._http_sessions
+
+    def is_attached(self, session_id: str) -> bool:
+        return session_id in self._session_websocket_attachments
 
     def _start_reaper(self) -> None:
         super()._start_reaper()
-        if self._session_idle_timeout_s is not None and self._busy_task is None:
-            self._busy_task = asyncio.create_task(self._mark_busy_sessions_active())
+        if self._watch_task is None:
+            self._watch_task = asyncio.create_task(self._watch_sessions())
 
     def _stop_reaper(self) -> None:
         super()._stop_reaper()
-        if self._busy_task is not None:
-            self._busy_task.cancel()
-            self._busy_task = None
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            self._watch_task = None
 
-    async def _mark_busy_sessions_active(self) -> None:
+    async def _watch_sessions(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
-            now = time.time()
-            for session_id, env in list(self._sessions.items()):
-                info = self._session_info.get(session_id)
-                if info is not None and getattr(env, "busy", False):
-                    info.last_activity_at = now
+            await asyncio.sleep(0.5)
+            try:
+                now = time.time()
+                for session_id, env in list(self._sessions.items()):
+                    info = self._session_info.get(session_id)
+                    if info is not None and getattr(env, "busy", False):
+                        info.last_activity_at = now
+                for session_id, deadline in list(self._http_sessions.items()):
+                    if session_id not in self._sessions:
+                        self._http_sessions.pop(session_id, None)
+                    elif self.is_attached(session_id):
+                        self._http_sessions[session_id] = None
+                    elif deadline is None or time.monotonic() > deadline:
+                        self._http_sessions.pop(session_id, None)
+                        await self._destroy_session(session_id)
+            except Exception:  # the watch must go on
+                logger.exception("watching sessions failed")
+
+
+def _check_reads_rendered_calls(env: Any) -> None:
+    """MCP tool calls reach the env as hermes `<tool_call>` markup: its parser must read that."""
+    from seeupo_gym.tools import tool_parser
+
+    parsed = tool_parser(env.tool_parser)(render_tool_calls([("probe", {"x": 1})]))
+    if parsed.error or [(call.name, dict(call.arguments)) for call in parsed.calls] != [("probe", {"x": 1})]:
+        raise ValueError(f"MCP tools need a tool parser that reads <tool_call> blocks; {env.tool_parser!r} does not "
+                         "(serve with tool_parser=hermes)")
 
 
 def space_description(space: gym.Space) -> dict[str, Any]:
@@ -325,6 +480,7 @@ def create_app(
     body_timeout_s: float = 60.0,
     token: str | None = None,
     session_kwargs: tuple[str, ...] | list[str] = (),
+    attach_timeout_s: float = 10.0,
 ) -> FastAPI:
     """The FastAPI app serving `env_id` (made with `env_kwargs`); one env per session.
 
@@ -345,6 +501,9 @@ def create_app(
         raise ValueError(f"idle_timeout_s must be at least 5 seconds, got {idle_timeout_s}")
     probe = gym.make(env_id, **env_kwargs)
     try:
+        tools = getattr(probe.unwrapped, "action_format", None) == "tools"
+        if tools:
+            _check_reads_rendered_calls(probe.unwrapped)
         task_ids = getattr(probe.unwrapped, "task_ids", None)
         description = {
             "env_id": env_id,
@@ -356,6 +515,7 @@ def create_app(
             "action_space": space_description(probe.action_space),
             "task_ids": [str(t) for t in (task_ids() if callable(task_ids) else task_ids or [])],
             "max_sessions": max_sessions,
+            "mcp_tools": tools,
         }
     finally:
         probe.close()
@@ -369,8 +529,10 @@ def create_app(
         # reset raised (a client's bad task id): every later step fails unpacking None.
         return gym.make(env_id, disable_env_checker=True, **{**env_kwargs, **overrides})
 
+    session_class = ToolSession if tools else GymSession
+
     def session() -> GymSession:
-        return GymSession(env_id, make_env, slots, live, live_lock, session_kwargs)
+        return session_class(env_id, make_env, slots, live, live_lock, session_kwargs)
 
     app = FastAPI(title=f"seeupo-serve {env_id}", docs_url=None, redoc_url=None)
     server = SessionServer(
@@ -378,7 +540,10 @@ def create_app(
         ResponseAction,
         TextObservation,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=idle_timeout_s),
+        env_name=env_id,
+        state_cls=SeeupoState,
     )
+    server.attach_timeout_s = attach_timeout_s
     server.register_routes(app)
     app.state.openenv = server
     app.state.slots = slots
@@ -390,6 +555,10 @@ def create_app(
     @app.exception_handler(SessionError)
     async def session_error(request: Request, error: SessionError) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(error)})
+
+    @app.exception_handler(ActionShapeError)
+    async def action_shape_error(request: Request, error: ActionShapeError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(error)})
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, error: ValueError) -> JSONResponse:
@@ -412,7 +581,9 @@ class BoundedRequests:
     complete within `body_timeout_s` (408); with a token, `Authorization: Bearer <token>` (or
     HTTP basic auth with the token as the password, which WebSocket clients send from a
     `ws://user:token@host` URL) on every route but /health (401 / a refused WebSocket
-    handshake); HTTP `POST /mcp` refused when it would create, close or address a session."""
+    handshake); the lifetime of HTTP-made sessions (`SessionServer`): a WebSocket may attach only
+    to a session made over HTTP, and an HTTP request may address a session only while its
+    WebSocket is attached."""
 
     def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0) -> None:
         self.app = app
@@ -431,6 +602,11 @@ class BoundedRequests:
                 await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>")
             return
         if scope["type"] == "websocket":
+            attach = _query_session_id(scope)
+            if attach is not None and not self.state.openenv.is_http_session(attach):
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": "no such session to attach to (make one with openenv/session/create)"})
+                return
             try:
                 return await self.app(scope, receive, send)
             except WebSocketDisconnect:
@@ -454,9 +630,11 @@ class BoundedRequests:
             if len(body) > self.max_request_bytes:
                 return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
         if scope.get("path") == "/mcp" and scope.get("method") == "POST":
-            refusal = _http_session_request(bytes(body))
+            refusal, creates = _http_session_request(bytes(body), self.state.openenv)
             if refusal is not None:
                 return await _send_json(send, 200, refusal)
+            if creates:
+                send = _tracking_created_session(send, self.state.openenv)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -483,28 +661,56 @@ class BoundedRequests:
         return False
 
 
-def _http_session_request(body: bytes) -> dict[str, Any] | None:
-    """A JSON-RPC error for an HTTP MCP request that creates, closes or addresses a session, else None.
-
-    openenv-core keeps such sessions until its idle reaper runs, however soon their client
-    goes, and lets any request that names a session id use it; over a WebSocket (/ws, /mcp) a
-    session is freed when its connection closes and no other connection reaches it."""
+def _http_session_request(body: bytes, server: SessionServer) -> tuple[dict[str, Any] | None, bool]:
+    """(a JSON-RPC error for an HTTP MCP request addressing a session with no WebSocket attached,
+    or None; whether the request creates a session)."""
     try:
         request = json.loads(body)
-    except ValueError:
-        return None  # openenv-core answers a parse error itself
+    except (ValueError, RecursionError):
+        return None, False  # openenv answers a parse error itself
     if not isinstance(request, dict):
-        return None
+        return None, False
     method, params = request.get("method"), request.get("params")
-    if not (isinstance(method, str) and method.startswith("openenv/session/")) and not (
-            isinstance(params, dict) and "session_id" in params):
-        return None
+    if method == "openenv/session/create":
+        return None, True
+    target = params.get("session_id") if isinstance(params, dict) else None
+    if method == "openenv/session/close" or target is None:
+        return None, False
+    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
+        return None, False
     request_id = request.get("id")
     return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None, "error": {
         "code": -32600,
-        "message": "sessions over HTTP POST /mcp would outlive their connection: open a WebSocket session at /ws "
-                   "(or /mcp); it lasts as long as that connection",
-    }}
+        "message": "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
+                   "before addressing it; a session lives as long as that connection",
+    }}, False
+
+
+def _query_session_id(scope: dict[str, Any]) -> str | None:
+    from urllib.parse import parse_qs
+
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id")
+    return values[0] if values else None
+
+
+def _tracking_created_session(send: Callable, server: SessionServer) -> Callable:
+    """`send`, noting the id of the session an `openenv/session/create` answer carries."""
+    chunks: list[bytes] = []
+
+    async def tracking(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                try:
+                    answer = json.loads(b"".join(chunks))
+                    session_id = (answer.get("result") or {}).get("session_id")
+                except (ValueError, AttributeError):
+                    session_id = None
+                if isinstance(session_id, str):
+                    server.track_http_session(session_id)
+        await send(message)
+
+    return tracking
 
 
 async def _send_json(send: Callable, status: int, detail: str | dict[str, Any]) -> None:

@@ -47,7 +47,8 @@ import gymnasium as gym
 
 import seeupo_gym  # noqa: F401  (registers the ids)
 
-_TURN_END = "Done."  # a plain-text reply: ends a BFCL user turn without calls
+from seeupo_gym.tools import TURN_END_REPLY as _TURN_END  # a plain-text reply: ends a BFCL user turn without calls
+from seeupo_gym.tools import plain_reply, step_tool_result
 
 
 class _SeeupoEnvironment:
@@ -102,11 +103,7 @@ class _SeeupoEnvironment:
 
     def _tool_result(self, action: str) -> str:
         """Step the env; the result is the env's tool message when it sent one, else its observation."""
-        observation, info = self._step(action)
-        messages = info.get("messages") or []
-        if messages and messages[-1].get("role") == "tool" and not info.get("action_error"):
-            return str(messages[-1]["content"])
-        return observation
+        return step_tool_result(*self._step(action))
 
     def _close(self) -> None:  # private: every public method would become a tool
         self._env.close()
@@ -206,14 +203,10 @@ class BFCLEnvironment(_SeeupoEnvironment):
     def _plain_reply(self, reply: Any) -> str:
         """`reply` when the env reads it as plain text, else `_TURN_END`: a reply holding tool-call
         markup (or anything the env's parser would not take as text) must end the turn, not run calls."""
-        from seeupo_gym.tools import parse_tool_response
-
         if not isinstance(reply, str) or not reply.strip():
             return _TURN_END
         env = self._parsing_env()
-        parsed = parse_tool_response(reply, [], parser=env.tool_parser, template=env.template,
-                                     max_chars=env.max_action_chars)
-        return reply if parsed.error is None and not parsed.calls else _TURN_END
+        return plain_reply(reply, parser=env.tool_parser, template=env.template, max_chars=env.max_action_chars)
 
     def _closing_action(self) -> str:
         return _TURN_END
