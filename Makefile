@@ -16,7 +16,7 @@ VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==
 venv: $(VENV)/.installed
 
 # Re-runs only when the project's requirements change.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(wildcard envs/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
@@ -25,6 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	# openenv replaced openenv-core (both own the `openenv` package): the old one goes first.
 	$(PIP) uninstall -q -y openenv-core
 	$(PIP) install -q -e ".[dev,serve,ray,trl,skyrl,verl]" torch==2.13.0
+	# The OpenEnv env packages (envs/*): what openenv's AutoEnv discovers by name.
+	$(PIP) install -q --no-deps -e envs/seeupo_bfcl -e envs/seeupo_appworld -e envs/seeupo_turnbandit
 	# bfcl-eval's declared deps pull CUDA torch and conflicting pins; its multi-turn
 	# executor and checker need only the standard library and mpmath.
 	$(PIP) install -q --no-deps $(BFCL_EVAL)

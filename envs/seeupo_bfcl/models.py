@@ -1,0 +1,5 @@
+"""The wire models of `seeupo/BFCL-v4-v0` sessions (their one home is seeupo-gym's openenv_client)."""
+
+from seeupo_gym.integrations.openenv_client import ResponseAction, SeeupoState, TextObservation
+
+__all__ = ["ResponseAction", "SeeupoState", "TextObservation"]
