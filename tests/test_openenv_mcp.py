@@ -6,8 +6,6 @@ test_openenv_mcp_appworld.py). Servers run in this process (`serving_in_process`
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,6 +13,7 @@ import pytest
 
 pytest.importorskip("openenv.core.mcp_client")
 from openenv.core.mcp_client import MCPToolClient  # noqa: E402
+from websockets.exceptions import InvalidStatus  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 import seeupo_gym  # noqa: E402,F401
@@ -117,11 +116,8 @@ def test_an_http_made_session_lives_only_as_long_as_its_websocket(bfcl_url):
     orphan = mcp("openenv/session/create")["result"]["session_id"]
     assert "no WebSocket attached" in mcp("tools/list", session_id=orphan)["error"]["message"]
     time.sleep(3.0)  # past attach_timeout_s=2 (and a watch): closed
-    with pytest.raises(Exception):  # too late to attach
-        with connect(bfcl_url.replace("http", "ws") + f"/ws?session_id={orphan}") as ws:
-            ws.send('{"type": "reset", "data": {}}')
-            assert "Unknown session_id" not in ws.recv(timeout=10)
-            raise AssertionError("attached")
+    with pytest.raises(InvalidStatus, match="403"):  # too late to attach: refused at the handshake
+        connect(bfcl_url.replace("http", "ws") + f"/ws?session_id={orphan}")
 
     client = MCPToolClient(base_url=bfcl_url).sync()
     client.reset(task_id=TASK)
@@ -132,9 +128,8 @@ def test_an_http_made_session_lives_only_as_long_as_its_websocket(bfcl_url):
     while live_envs() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert live_envs() == 0 and "error" in mcp("tools/list", session_id=session_id)
-    with connect(bfcl_url.replace("http", "ws") + "/ws?session_id=not-an-http-session") as ws:
-        with pytest.raises(Exception):  # refused at the handshake: a WebSocket attaches only to HTTP-made sessions
-            ws.recv(timeout=10)
+    with pytest.raises(InvalidStatus, match="403"):  # a WebSocket attaches only to HTTP-made sessions
+        connect(bfcl_url.replace("http", "ws") + "/ws?session_id=not-an-http-session")
 
 
 def test_openenv_harness_adapter_drives_a_served_bfcl_episode_to_the_envs_reward(bfcl_url):
@@ -201,20 +196,26 @@ def test_trl_async_grpo_openenv_harness_runs_one_served_bfcl_episode_to_the_envs
 
 # ------------------------------------------------------------------------------ packages under envs/
 
+def openenv_cli(*args: str):
+    """openenv's own command line (`openenv ...`), run in this process (its imports are slow)."""
+    from openenv.cli.__main__ import app
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, list(args))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_env_package_passes_openenv_validate(family):
-    done = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", str(repo_root() / "envs" / family),
-                           "--level", "static", "--skip-build"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "Verdict: PASS" in done.stdout, done.stdout + done.stderr
+    done = openenv_cli("validate", str(repo_root() / "envs" / family), "--level", "static", "--skip-build")
+    assert done.exit_code == 0 and "PASS  static.manifest" in done.output and "Verdict: PASS" in done.output, done.output
 
 
 def test_a_running_seeupo_serve_passes_openenv_validate_url(bfcl_url):
-    done = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", bfcl_url, "--json"],
-                          capture_output=True, text=True, timeout=120)
     import json
 
-    report = json.loads(done.stdout)
-    assert done.returncode == 0 and report["passed"], done.stdout
+    done = openenv_cli("validate", "--url", bfcl_url, "--json")
+    report = json.loads(done.output)
+    assert done.exit_code == 0 and report["passed"] and report["summary"]["failed_criteria"] == [], done.output
 
 
 def test_autoenv_resolves_the_served_env_by_name(bfcl_url, tmp_path, monkeypatch):
