@@ -24,7 +24,7 @@ from serve_helpers import serving  # noqa: E402
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MAX_CONNECTIONS, HEAD_S, BODY_S = 32, 3, 3
+MAX_CONNECTIONS, HEAD_S, BODY_S, ATTACH_S = 32, 3, 3, 2
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def guarded(tmp_path_factory):
     token_file.write_text(TOKEN)
     with serving("seeupo/TurnBandit-v0", "--token-file", str(token_file), "--max-sessions", "2",
                  "--max-connections", str(MAX_CONNECTIONS), "--header-timeout", str(HEAD_S),
-                 "--body-timeout", str(BODY_S), "--session-kwargs", "variant,max_turns",
+                 "--body-timeout", str(BODY_S), "--attach-timeout", str(ATTACH_S), "--session-kwargs", "variant,max_turns",
                  max_open_files=1024) as served:
         yield served
 
@@ -117,14 +117,17 @@ def test_a_request_body_that_never_completes_gets_408_at_the_body_deadline(guard
     assert BODY_S - 0.5 <= waited < BODY_S + 10
 
 
-def test_http_mcp_sessions_are_refused_and_take_no_capacity(guarded):
+def test_http_mcp_sessions_without_a_websocket_are_closed_at_the_attach_deadline_and_free_their_capacity(guarded):
     create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
-    for _ in range(3):  # more than --max-sessions 2
-        answer = httpx.post(f"{guarded.url}/mcp", json=create, headers=AUTH, timeout=30).json()
-        assert answer["error"]["code"] == -32600 and "open a WebSocket session at /ws" in answer["error"]["message"]
-    addressed = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"session_id": "someone-else"}}
-    assert "error" in httpx.post(f"{guarded.url}/mcp", json=addressed, headers=AUTH, timeout=30).json()
-    with ws(guarded.url) as first, ws(guarded.url) as second:  # both sessions still fit
+    answers = [httpx.post(f"{guarded.url}/mcp", json=create, headers=AUTH, timeout=30).json() for _ in range(3)]
+    assert [("result" in a) for a in answers] == [True, True, False]  # --max-sessions 2
+    made = answers[0]["result"]["session_id"]
+    for target in (made, "someone-else"):  # nothing addresses a session with no WebSocket attached
+        addressed = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"session_id": target}}
+        answer = httpx.post(f"{guarded.url}/mcp", json=addressed, headers=AUTH, timeout=30).json()
+        assert "no WebSocket attached" in answer["error"]["message"]
+    time.sleep(ATTACH_S + 1.5)
+    with ws(guarded.url) as first, ws(guarded.url) as second:  # both slots are free again
         assert ask(first, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
         assert ask(second, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
 

@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seconds a connection has to send a request head (default 10)")
     parser.add_argument("--body-timeout", type=float, default=60.0,
                         help="seconds a request has to send its body (default 60)")
+    parser.add_argument("--attach-timeout", type=float, default=10.0,
+                        help="seconds a session made over HTTP (MCPToolClient) has to attach its WebSocket (default 10)")
     parser.add_argument("--session-kwargs", default="",
                         help="comma-separated env kwargs a session may set at reset (default: none)")
     parser.add_argument("--token-file", help=f"file holding the token clients must send (or ${TOKEN_ENV})")
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                              header_timeout_s=args.header_timeout)
         app = create_app(args.env_id, env_kwargs, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
                          max_request_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout, token=token,
-                         session_kwargs=session_kwargs)
+                         session_kwargs=session_kwargs, attach_timeout_s=args.attach_timeout)
     except Exception as error:
         raise SystemExit(f"seeupo-serve: cannot serve {args.env_id} with {env_kwargs}: {error}") from None
 
