@@ -17,6 +17,7 @@ pytestmark = pytest.mark.appworld
 MINI, MINI_TASKS = appworld_mini()
 
 
+@pytest.mark.slow
 def test_execute_python_over_mcp_lists_its_schema_and_a_ground_truth_solution_scores_one():
     task_id = MINI_TASKS[0]
     solution = (MINI / "tasks" / task_id / "ground_truth" / "solution.py").read_text()

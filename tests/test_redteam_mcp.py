@@ -37,6 +37,12 @@ def call(env, name: str, arguments: dict):
         return env.call_tool(name, **arguments)
     except RuntimeError as error:
         return f"refused: {error}"
+    except UnicodeEncodeError:  # httpx will not send a lone surrogate; its JSON escape, as another client would
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments, "session_id": env._async._production_session_id}}
+        answer = httpx.post(env._async._production_mcp_url(), content=json.dumps(request).encode(),
+                            headers={"content-type": "application/json"}, timeout=60).json()
+        return answer["result"]["data"] if "result" in answer else f"refused: {answer['error']['message']}"
 
 
 def test_hostile_tool_calls_over_mcp_run_no_code_and_a_clean_session_beside_them_scores_one(url, tmp_path):
@@ -74,7 +80,7 @@ def test_end_turn_with_tool_call_markup_in_its_reply_only_ends_the_turn(url):
 
 def test_bombs_unknown_tools_and_calls_outside_an_episode_are_refused_and_the_server_goes_on(url):
     with MCPToolClient(base_url=url, message_timeout_s=60).sync() as env:
-        assert "no episode is running" in call(env, "ls", {})  # no reset yet
+        assert call(env, "ls", {}) == "refused: Tool 'ls' failed: Unknown tool: 'ls'"  # no reset yet: no tools
         env.reset(task_id=TASK)
         deep: object = "x"
         for _ in range(5_000):
@@ -91,7 +97,7 @@ def test_bombs_unknown_tools_and_calls_outside_an_episode_are_refused_and_the_se
         assert time.monotonic() - start < 60
         for kind, outcome in outcomes.items():  # refused by a bound, or an error observation: nothing ran
             assert isinstance(outcome, str) or outcome["action_error"], (kind, outcome)
-        assert "not a tool of this episode" in outcomes["unknown tool"]
+        assert "Unknown tool" in outcomes["unknown tool"] and "Unknown tool" in outcomes["reserved name"]
         # The env's own bounds spoke for those that reached it; the episode goes on.
         assert play_tools(env, TASK)[-1]["reward"] == 1.0
         assert "no episode is running" in call(env, "ls", {})  # after done
