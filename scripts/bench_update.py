@@ -9,14 +9,15 @@ GRPO at the step level). `--bfcl-shaped`: a ~1,500-token system prompt and task 
 group, 2-6 turns of up to 64-token responses and observations; prints per algorithm the tokens
 fed to each model against that algorithm's minimum, and time. `--memory`: peak memory of a GRPO
 update at minibatch 2, 8, 32 and 128 under one token budget (each size in a fresh process).
-`--lora-last-layers K`: LoRA on the last K layers (the learner then computes the frozen trunk's
-states once per trajectory), timed in the same run, interleaved, beside full fine-tuning.
+`--lora-last-layers K[,K2...]`: LoRA on the last K layers (the learner then computes the frozen
+trunk's states once per trajectory), timed in the same run, interleaved, beside full fine-tuning
+(`--no-full-finetuning` leaves that out).
 `--model qwen2-102m`: a random-init Qwen2 with the real tokenizer, hidden 512, 8 layers (102M
 parameters, 78M of them the tied embedding, used as the LM head at response positions only: the
 transformer body dominates a forward); `--layers N` for another depth.
 
     python scripts/bench_update.py --bfcl-shaped --algorithms grpo,seeupo --lora-last-layers 4 \
-        --model qwen2-102m --tasks 1 --group 4 --threads 1 --repeats 2
+        --model qwen2-102m --layers 24 --tasks 1 --group 4 --threads 1 --repeats 1
     python scripts/bench_update.py --bfcl-shaped --algorithms grpo,gspo,ppo,seeupo
     python scripts/bench_update.py --bfcl-shaped --memory
     python scripts/bench_update.py --model embedded --lora 8 --tasks 1 --group 4 --turns 4 \
@@ -206,8 +207,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny | embedded | HF id / path")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
-    parser.add_argument("--lora-last-layers", type=int, default=0,
-                        help="LoRA (rank --lora or 8) on the last K layers only, timed beside full fine-tuning in one run")
+    parser.add_argument("--lora-last-layers", type=lambda text: [int(k) for k in text.split(",")], default=[],
+                        help="K[,K2...]: LoRA (rank --lora or 8) on the last K layers only, timed beside full "
+                             "fine-tuning in one run")
+    parser.add_argument("--no-full-finetuning", action="store_true",
+                        help="with --lora-last-layers: time only the LoRA setups")
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of --model qwen2-102m (8: 102M parameters)")
     parser.add_argument("--trunk-cache-mib", type=int, default=2048, help="learner's frozen-trunk cache bound (0: off)")
     parser.add_argument("--bfcl-shaped", action="store_true", help="BFCL-shaped batch; print tokens fed / minimum")
@@ -302,10 +306,9 @@ def main() -> None:
     options = {"minibatch_size": args.minibatch_size, "epochs": args.epochs}
     value = any(algorithm == "ppo" for algorithm, _ in variants.values())
     if args.lora_last_layers:
-        setups = {
-            f"LoRA last {args.lora_last_layers} layers": build(args, value, args.lora or 8, args.lora_last_layers),
-            "full fine-tuning": build(args, value, 0),
-        }
+        setups = {f"LoRA last {k} layers": build(args, value, args.lora or 8, k) for k in args.lora_last_layers}
+        if not args.no_full_finetuning:
+            setups["full fine-tuning"] = build(args, value, 0)
     else:
         setups = {"": build(args, value)}
     print(f"load average before: {open('/proc/loadavg').read().strip()}", flush=True)
