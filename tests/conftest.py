@@ -1,5 +1,23 @@
+import os
+
 import pytest
 import torch
+
+# Under pytest-xdist (`make test` runs two workers on a 2-core machine) each worker gets its share of
+# the cores, in its own torch and in the processes it starts: oversubscribed torch threads spin.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # AppWorld tests run one after another on one worker (`--dist loadgroup`): several of them
+    # look at the machine as a whole (processes left, IPC objects, the sandbox's counters).
+    for item in items:
+        if item.get_closest_marker("appworld") is not None:
+            item.add_marker(pytest.mark.xdist_group("appworld"))
 
 
 @pytest.fixture(scope="module")
