@@ -27,7 +27,7 @@ _MODEL_HINT = "use 'embedded' (the offline Qwen2.5-Coder-0.5B-Instruct), 'tiny',
 SERVER_MODES = ("chat", "tokens")
 EVAL_HINT = "fewer tasks (--max-tasks), rollouts (-n, -k), turns (env max_turns) or tokens (--max-new-tokens) shorten it"
 # NAME@URL: the first '@' that starts an http(s) URL (a URL may hold '@' itself, a name seldom does).
-_SERVED = re.compile(r"^(?P<name>[^@]+?)@(?P<url>https?://\S+)$")
+SERVED_SPEC = re.compile(r"^(?P<name>[^@]+?)@(?P<url>https?://\S+)$")
 
 
 def check_model_source(name: str) -> None:
