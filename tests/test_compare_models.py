@@ -17,7 +17,7 @@ from seeupo_gym.training.cli import eval_main
 from seeupo_gym.training.compare.cli import main
 
 ENV = ["--env", "seeupo/TurnBandit-v0"]
-ENV_KWARGS = {"variant": "capital", "num_tasks": 3}
+ENV_KWARGS = {"variant": "capital", "num_tasks": 3, "turns": [1, 1]}
 SECRET = "sk-test-never-written-4f1c"
 
 
@@ -40,13 +40,14 @@ def test_two_models_sit_in_one_report_each_scored_as_seeupo_eval_scores_it_alone
     try:
         code = main([
             "--model", "here=tiny", "--model", f"served=tiny@{url}/v1", "--set", "served.api_key_env=SEEUPO_TEST_KEY",
+            "--set", "served.concurrency=2",
             *ENV, "--eval-env-kwargs", json.dumps(ENV_KWARGS), "--eval-tasks", "3", "-k", "2", "-n", "3",
             "--max-new-tokens", "4", "--eval-temperature", "1.0", "--seeds", "3", "--out", str(out), "--no-progress",
         ])
         assert code == 0
         here = _eval_alone(tmp_path, "here", "--model", "tiny")
         served = _eval_alone(tmp_path, "served", "--base-url", f"{url}/v1", "--model", "tiny",
-                             "--api-key-env", "SEEUPO_TEST_KEY")
+                             "--api-key-env", "SEEUPO_TEST_KEY", "--concurrency", "2")
         log = httpx.get(url + "/log").json()
     finally:
         process.kill()
@@ -65,13 +66,14 @@ def test_two_models_sit_in_one_report_each_scored_as_seeupo_eval_scores_it_alone
         assert f"| {label} | " in report and f"{row['avg']:.3f}" in report and f"{row['passed']:.3f}" in report
     # Two models that score differently, and at all: the test can tell them apart.
     assert summary["models"]["here"]["avg"] != summary["models"]["served"]["avg"]
-    assert max(summary["models"]["here"]["avg"], summary["models"]["served"]["avg"]) > 0
+    assert max(summary["models"]["here"]["passed"], summary["models"]["served"]["passed"]) > 0
+    assert "| served | " in report and "| n/a |" in report  # a chat API's tokens are not counted
     assert (out / "scores.png").stat().st_size > 10_000
     assert "served**: tiny at " + url + "/v1 (chat mode)" in report
 
     # The key went to the server on every request, and nowhere else.
     chats = [entry for entry in log if entry["route"] == "chat"]
-    assert len(chats) == 2 * 3 * 3 * 2 and all(entry["authorized"] for entry in chats)  # 2 runs x 3 tasks x n x turns
+    assert len(chats) >= 2 * 3 * 3 and all(entry["authorized"] for entry in chats)  # 2 runs x 3 tasks x 3 rollouts
     written = "".join(path.read_text(errors="replace") for path in out.rglob("*") if path.is_file()
                       and path.suffix != ".png")
     printed = capsys.readouterr()

@@ -238,8 +238,9 @@ def _write_model_result(folder: Path, run: ModelRun, result: Any) -> None:
     from seeupo_gym.training.evaluation import eval_record
 
     folder.mkdir(parents=True, exist_ok=True)
-    record = {**eval_record(result, 0), "eval/generated_tokens": float(result.generated_tokens),
-              "eval/backend_errors": float(result.backend_errors)}
+    record = {**eval_record(result, 0), "eval/backend_errors": float(result.backend_errors)}
+    if not (run.source.served and run.source.mode == "chat"):  # a chat API's tokens are not counted: n/a
+        record["eval/generated_tokens"] = float(result.generated_tokens)
     (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     (folder / "result.json").write_text(json.dumps({"label": run.label, "source": run.source.describe(),
                                                     **result.to_dict()}, indent=2, default=str) + "\n")
