@@ -86,9 +86,9 @@ def scores_figure(records: Sequence[dict[str, Any]], labels: Sequence[str], k: i
                      label=f"{label} (n={len(values)} seed{'s' if len(values) > 1 else ''})")
             if len(values) > 1:
                 axis.errorbar(i, mean, yerr=[[mean - min(values)], [max(values) - mean]], color="black", capsize=4)
-            axis.text(i, mean + 0.02, f"{mean:.3f}", ha="center", fontsize=8)
+            axis.text(i + 0.05, mean + 0.01, f"{mean:.3f}", ha="left", va="bottom", fontsize=8)
         axis.set_xticks(range(len(labels)), labels, fontsize=8)
-        axis.set_ylabel(key.split("/", 1)[1] + f" ({k} of the rollouts per task)")
+        axis.set_ylabel(f"eval {key.split('/', 1)[1]} (mean over seeds, min-max)")
         axis.set_ylim(0, 1.08)
         axis.grid(alpha=0.3, axis="y")
     figure.suptitle(title, fontsize=10)
