@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seeupo_gym.training.cli import _warn_if_long
+from seeupo_gym.training.model_source import warn_if_long as _warn_if_long
 from seeupo_gym.training.compare.cli import long_compare_warning
 from seeupo_gym.training.compare.plan import EvalPlan, build_plan, load_raw, parse_algorithms, plan_token_budget
 from seeupo_gym.training.evaluation import (

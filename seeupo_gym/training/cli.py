@@ -26,57 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
 
-# seeupo-eval's response budget when no config says otherwise: a random or untrained model
-# rarely stops by itself, and the training default (1024 per turn, 10 turns) keeps a CPU busy
-# for many minutes per episode.
-EVAL_MAX_NEW_TOKENS = 256
-# Seconds to wait for the Hugging Face hub when checking a model name.
-HUB_TIMEOUT_S = 5.0
-_MODEL_HINT = "use 'embedded' (the offline Qwen2.5-Coder-0.5B-Instruct), 'tiny', or a local folder"
-
-
-def check_model_source(name: str) -> None:
-    """Fail within seconds, in one line, for a model name that cannot load.
-
-    Without this an unknown hub id costs a minute or two of retries and a 30-frame traceback
-    (more when the hub is unreachable). A model in the local cache loads offline when the hub
-    cannot be reached (HF_HUB_OFFLINE is set for this process, which `load_model` honours).
-    """
-    if name in ("tiny", "embedded") or Path(name).expanduser().exists():
-        return
-    from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
-
-    try:
-        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except HFValidationError:
-        raise ConfigError(f"model {name!r} is not a local folder, nor a Hugging Face id; {_MODEL_HINT}") from None
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        if cached:
-            return
-        raise ConfigError(f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {_MODEL_HINT}")
-    try:
-        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        if not cached:
-            raise ConfigError(f"model {name!r} is gated: accept its terms on the hub and log in (hf auth login)") from None
-    except RepositoryNotFoundError:
-        raise ConfigError(f"no model {name!r} on the Hugging Face hub (or it is private); {_MODEL_HINT}") from None
-    except Exception as error:  # connection refused, DNS, timeout: the hub is out of reach
-        if not cached:
-            raise ConfigError(
-                f"model {name!r} is not in the local Hugging Face cache and the hub cannot be reached "
-                f"({type(error).__name__}); {_MODEL_HINT}"
-            ) from None
-        os.environ["HF_HUB_OFFLINE"] = "1"  # load from the cache without a round of retries
-
+# check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
+from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, check_model_source
 
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
@@ -246,7 +203,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         if args.split:
             flags["split"] = args.split
         config = config_from_dict(config.to_dict())  # re-check the values the flags set
-        from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids
+        from seeupo_gym.training.tasks import eval_env_kwargs, eval_task_ids
 
         env_kwargs = eval_env_kwargs(config.env, flags)
         if args.export_bfcl and "BFCL" not in config.env.id:
@@ -265,51 +222,27 @@ def eval_main(argv: list[str] | None = None) -> int:
         max_new_tokens = args.max_new_tokens or (
             config.sampling.max_new_tokens if _settings_given(args) else EVAL_MAX_NEW_TOKENS
         )
-        from seeupo_gym.training.checkpoint import HF_FOLDER, load_policy
-
-        if args.base_url is None and (args.checkpoint is None or not (Path(args.checkpoint) / HF_FOLDER).is_dir()):
-            check_model_source(config.model.name_or_path)
-        print(f"seeupo-eval: {config.model.name_or_path}{' @ ' + args.checkpoint if args.checkpoint else ''} on "
-              f"{config.env.id}: {len(tasks)} tasks x {n} rollouts, at most {max_new_tokens} new tokens per turn "
-              "(--max-new-tokens)", file=sys.stderr)
-        on_cpu = False  # a served model: the server's hardware, not ours
-        if args.base_url is not None:
-            backend, tokenizer = _server_backend(args, config.model.name_or_path)
-        else:
-            from seeupo_gym.agents.backends import HFBackend
-
-            model, tokenizer = load_policy(config, args.checkpoint)
-            backend = HFBackend(model, tokenizer)
-            on_cpu = _warn_if_long(model, len(tasks) * n, env_kwargs, max_new_tokens)
+        source = _eval_source(args, config.model.name_or_path)
+        source.check()
+        print(f"seeupo-eval: {source.describe()} on {config.env.id}: {len(tasks)} tasks x {n} rollouts, at most "
+              f"{max_new_tokens} new tokens per turn (--max-new-tokens)", file=sys.stderr)
+        opened = source.open(config)
     except ConfigError as error:
         print(f"seeupo-eval: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a model or checkpoint that does not load: the cause, not a traceback
         print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
-    from seeupo_gym.training.evaluation import evaluate_policy
+    from seeupo_gym.training.model_source import evaluate_source
 
-    result = evaluate_policy(
-        backend,
-        tokenizer,
-        config.env.id,
-        tasks,
-        k=args.k,
-        n=n,
-        temperature=config.sampling.temperature if args.temperature is None else args.temperature,
-        top_p=config.sampling.top_p,
-        max_new_tokens=max_new_tokens,
-        seed=args.seed,
-        num_envs=args.num_envs or (args.concurrency if args.base_url else config.env.num_envs),
-        max_context_tokens=config.env.max_context_tokens,
-        env_kwargs=env_kwargs,
-        progress=not args.no_progress,
-        keep_rollouts=bool(args.rollouts or args.export_bfcl),
-        agent_options=agent_options(config.env),
-        warn_slow="seeupo-eval" if on_cpu else None,
-    )
-    result.model = config.model.name_or_path
-    result.checkpoint = args.checkpoint
+    try:
+        result = evaluate_source(
+            opened, config, tasks, env_kwargs=env_kwargs, k=args.k, n=n, temperature=args.temperature,
+            max_new_tokens=max_new_tokens, seed=args.seed, num_envs=args.num_envs, progress=not args.no_progress,
+            keep_rollouts=bool(args.rollouts or args.export_bfcl),
+        )
+    finally:
+        opened.close()
     data = result.to_dict()
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -336,46 +269,19 @@ def eval_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _warn_if_long(model: Any, episodes: int, env_kwargs: dict, max_new_tokens: int) -> bool:
-    """Print the token-budget warning when it applies; returns whether the model runs on a CPU."""
-    from seeupo_gym.training.evaluation import cpu_tokens_per_second, episode_turns, long_run_warning, token_budget
-
-    parameters = sum(p.numel() for p in model.parameters())
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    warning = long_run_warning(
-        "seeupo-eval",
-        token_budget(episodes, episode_turns(env_kwargs), max_new_tokens),
-        cpu_tokens_per_second(parameters),
-        on_cpu=on_cpu,
-        hint="fewer tasks (--max-tasks), rollouts (-n, -k), turns (env max_turns) or tokens (--max-new-tokens) shorten it",
-    )
-    if warning:
-        print(warning, file=sys.stderr)
-    return on_cpu
-
-
-def _server_backend(args: argparse.Namespace, model: str) -> tuple[Any, Any]:
-    """The OpenAIBackend of --base-url (and, in tokens mode, the tokenizer the agent keeps contexts in)."""
-    from seeupo_gym.agents.backends.openai import OpenAIBackend
-
+def _eval_source(args: argparse.Namespace, name: str) -> ModelSource:
+    """seeupo-eval's flags as a ModelSource: --base-url's served model, else the config's model
+    (with --checkpoint's weights)."""
+    if args.base_url is None:
+        return ModelSource(name, checkpoint=args.checkpoint)
     if args.checkpoint:
         raise ConfigError("--base-url evaluates the served model; load the checkpoint into the server instead of --checkpoint")
-    tokenizer = None
-    vocab_size = None
-    stop_ids: tuple[int, ...] = ()
-    if args.mode == "tokens":
-        if not args.tokenizer:
-            raise ConfigError("--mode tokens needs --tokenizer (the served model's: 'tiny', 'embedded', an id or a path)")
-        from seeupo_gym.agents.models import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
-        vocab_size = len(tokenizer)
-        stop_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
+    if args.mode == "tokens" and not args.tokenizer:
+        raise ConfigError("--mode tokens needs --tokenizer (the served model's: 'tiny', 'embedded', an id or a path)")
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
-    backend = OpenAIBackend(args.base_url, model, mode=args.mode, api_key_env=args.api_key_env, vocab_size=vocab_size,
-                            stop_token_ids=stop_ids, max_concurrency=args.concurrency)
-    return backend, tokenizer
+    return ModelSource(name, base_url=args.base_url, api_key_env=args.api_key_env, mode=args.mode,
+                       tokenizer=args.tokenizer, concurrency=args.concurrency)
 
 
 def _settings_given(args: argparse.Namespace) -> bool:

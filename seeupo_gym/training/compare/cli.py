@@ -5,6 +5,13 @@
     # an ablation: a label=name pair runs `name` under `label`, --set gives it options
     seeupo-compare --config demo --algorithms seeupo,natural=seeupo --set natural.order=natural
     seeupo-compare --report-only runs/demo        # rebuild report.md / curves.png from the JSONL
+
+    # models side by side (evaluation only, seeupo-eval's protocol): a model per label
+    seeupo-compare --model base=embedded --model trained=runs/demo/seeupo/seed-0/checkpoints/step-8 \
+        --model gpt=gpt-4o-mini@https://api.openai.com/v1 --env seeupo/BFCL-v4-v0 \
+        --eval-env-kwargs '{"action_format": "tools", "split": "test"}' -k 4 --out runs/models
+    seeupo-compare --model a=tiny --model served=m@http://127.0.0.1:8000/v1 --set served.mode=tokens \
+        --set served.tokenizer=tiny --set served.api_key_env=MY_KEY ...
 """
 
 from __future__ import annotations
@@ -18,27 +25,41 @@ from typing import Any
 
 from seeupo_gym.training.compare.plan import (
     EvalPlan,
+    build_models_plan,
     build_plan,
     load_raw,
     parse_algorithms,
+    parse_models,
     parse_seeds,
     parse_sets,
 )
 from seeupo_gym.training.compare.report import write_report
 from seeupo_gym.training.config import ConfigError, config_from_dict
 
+# Without --model: algorithms trained from the shared config.
+DEFAULT_ALGORITHMS = "seeupo,grpo"
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="seeupo-compare",
-        description="Train several algorithms on the same env, model, seeds and budget; write a report with curves.",
+        description="Train several algorithms on the same env, model, seeds and budget; write a report with curves. "
+        "With --model: evaluate several models (local, checkpoints, served) side by side instead.",
     )
     parser.add_argument("--config", action="append", help="a preset name (e.g. demo, smoke) or a YAML file; shared by "
                         "every run; repeat to merge several, a later one winning")
-    parser.add_argument("--algorithms", default="seeupo,grpo",
-                        help="comma-separated registered names, or label=name pairs (default seeupo,grpo)")
+    parser.add_argument("--algorithms",
+                        help=f"comma-separated registered names, or label=name pairs (default {DEFAULT_ALGORITHMS})")
+    parser.add_argument("--model", action="append", default=[], metavar="LABEL=SPEC",
+                        help="evaluate models instead of training (repeatable, one per label). SPEC: 'tiny', 'embedded', "
+                        "a Hugging Face id or local folder; a checkpoint folder (runs/x/checkpoints/step-N); or "
+                        "NAME@URL, a model on an OpenAI-compatible server (--set LABEL.api_key_env / mode / "
+                        "tokenizer / concurrency, as seeupo-eval's flags; the key is read from the variable, "
+                        "default OPENAI_API_KEY, and never written)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL.key=value",
-                        help="an algorithm option for one label only, e.g. seeupo.order=natural (repeatable)")
+                        help="an option for one label only: an algorithm's, e.g. seeupo.order=natural, or a served "
+                        "model's, e.g. gpt.api_key_env=MY_KEY (repeatable)")
+    parser.add_argument("--env", help="env id, e.g. seeupo/BFCL-v4-v0 (sets env.id)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, the same for every algorithm (default 0)")
     parser.add_argument("--out", help="run folder (default: log.output_dir of the config)")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
@@ -48,7 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     group.add_argument("-n", "--eval-n", type=int, help="rollouts per eval task (>= k; default k)")
     group.add_argument("--eval-tasks", type=int, default=EvalPlan.max_tasks, help="number of eval tasks (0: all)")
     group.add_argument("--eval-task-ids", help="comma-separated eval task ids (default: env.eval_tasks or the env's tasks)")
-    group.add_argument("--eval-temperature", type=float, default=EvalPlan.temperature)
+    group.add_argument("--eval-temperature", type=float,
+                       help=f"default {EvalPlan.temperature}; with --model, the config's sampling.temperature (as seeupo-eval)")
+    group.add_argument("--max-new-tokens", type=int,
+                       help="with --model: tokens per response (default: the config's sampling.max_new_tokens with "
+                       "--config or an override, else 256, as seeupo-eval)")
     group.add_argument("--eval-env-kwargs", type=json.loads, default={},
                        help="JSON merged over env.kwargs for evaluation, e.g. '{\"split\": \"test\"}'")
     group.add_argument("--no-eval-at-start", action="store_true", help="skip the evaluation before training")
@@ -68,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from seeupo_gym.algorithms.base import load_plugin
 
-        raw = load_raw(args.config, args.overrides)
+        overrides = list(args.overrides) + ([f"env.id={args.env}"] if args.env else [])
+        raw = load_raw(args.config, overrides)
+        if args.model:
+            return _compare_models(args, raw, argv)
+        if args.max_new_tokens is not None:
+            raise ConfigError("--max-new-tokens is for --model comparisons; a training comparison takes "
+                              "sampling.max_new_tokens=N")
         # Loaded before any run starts so that a broken plug-in fails the whole plan at once;
         # --plugin files join the config so that each run's config.yaml can be resumed.
         raw["plugins"] = list(raw.get("plugins") or []) + list(args.plugin)
@@ -85,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
             n=args.eval_n,
             tasks=[t.strip() for t in args.eval_task_ids.split(",") if t.strip()] if args.eval_task_ids else None,
             max_tasks=args.eval_tasks,
-            temperature=args.eval_temperature,
+            temperature=EvalPlan.temperature if args.eval_temperature is None else args.eval_temperature,
             env_kwargs=dict(args.eval_env_kwargs),
             at_start=not args.no_eval_at_start,
         )
         output = args.out or config_from_dict(raw).log.output_dir
         plan = build_plan(
             raw,
-            parse_algorithms(args.algorithms),
+            parse_algorithms(args.algorithms or DEFAULT_ALGORITHMS),
             parse_seeds(args.seeds),
             output,
             eval_plan,
@@ -108,14 +139,53 @@ def main(argv: list[str] | None = None) -> int:
     warning = long_compare_warning(plan)
     if warning:
         print(warning, file=sys.stderr)
-    command = "seeupo-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     from seeupo_gym.training.compare.run import run_all
 
-    folder = run_all(plan, progress=not args.no_progress, command=command)
+    folder = run_all(plan, progress=not args.no_progress, command=_command(argv))
     print(f"report: {folder / 'report.md'}")
     print(f"curves: {folder / 'curves.png'}")
     return 0
 
+
+def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[str] | None) -> int:
+    """seeupo-compare --model ...: every model evaluated as seeupo-eval would, one report."""
+    from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS
+
+    if args.algorithms:
+        raise ConfigError("--model evaluates models and --algorithms trains; give one of them")
+    if args.plugin or args.save_checkpoints or args.no_eval_at_start or args.eval_every != EvalPlan.every:
+        raise ConfigError("--plugin, --save-checkpoints, --eval-every and --no-eval-at-start are for training "
+                          "comparisons; a --model comparison evaluates once per model and seed")
+    if not isinstance(args.eval_env_kwargs, dict):
+        raise ConfigError(f"--eval-env-kwargs must be a JSON object, got {args.eval_env_kwargs!r}")
+    eval_plan = EvalPlan(
+        k=args.eval_k,
+        n=args.eval_n,
+        tasks=[t.strip() for t in args.eval_task_ids.split(",") if t.strip()] if args.eval_task_ids else None,
+        max_tasks=args.eval_tasks,
+        temperature=args.eval_temperature,
+        env_kwargs=dict(args.eval_env_kwargs),
+    )
+    config = config_from_dict(raw)
+    # seeupo-eval's rule: a config's response budget when one is given, else a short one.
+    given = bool(args.config) or any(o.startswith("sampling.max_new_tokens=") for o in args.overrides)
+    max_new_tokens = args.max_new_tokens or (config.sampling.max_new_tokens if given else EVAL_MAX_NEW_TOKENS)
+    plan = build_models_plan(raw, parse_models(args.model, parse_sets(args.set)), parse_seeds(args.seeds),
+                             args.out or config.log.output_dir, eval_plan, max_new_tokens)
+    print(f"seeupo-compare: {len(plan.models)} models ({', '.join(r.label for r in plan.models)}) x "
+          f"{len(plan.seeds)} seed(s) on {config.env.id}: {len(plan.eval_tasks)} tasks x {eval_plan.n} rollouts, at "
+          f"most {max_new_tokens} new tokens per turn -> {plan.output_dir}", file=sys.stderr)
+    from seeupo_gym.training.compare.run import evaluate_models
+
+    folder = evaluate_models(plan, progress=not args.no_progress, command=_command(argv))
+    print(f"report: {folder / 'report.md'}")
+    print(f"scores: {folder / 'scores.png'}")
+    return 0
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command line as typed (it names a key's variable, never the key)."""
+    return "seeupo-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 def long_compare_warning(plan: Any) -> str | None:

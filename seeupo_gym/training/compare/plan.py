@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,6 +22,7 @@ from seeupo_gym.training.config import (
     load_raw_config,
     parse_yaml,
 )
+from seeupo_gym.training.model_source import SERVED_SPEC, ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,8 @@ class EvalPlan:
     # Task ids; None: env.eval_tasks, else the tasks of the (eval) env.
     tasks: list[str] | None = None
     max_tasks: int = 16
-    temperature: float = 1.0
+    # None: 1.0 for a training comparison, the config's sampling.temperature for a models comparison.
+    temperature: float | None = 1.0
     # Merged over env.kwargs for evaluation only, e.g. {"split": "test"} or TurnBandit {"seed": 1}.
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     at_start: bool = True
@@ -201,3 +204,137 @@ def build_plan(
     if eval_plan.max_tasks:
         tasks = tasks[: eval_plan.max_tasks]
     return ComparePlan(runs, eval_plan, tasks, output, save_checkpoints)
+
+
+# --------------------------------------------------------------------------- models, side by side
+
+# A label names a folder of the comparison: no separators, no dot-dot.
+_LABEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+# --set LABEL.key=value options of a served model (seeupo-eval's --api-key-env, --mode, --tokenizer, --concurrency).
+SERVER_OPTIONS = {"api_key_env": str, "mode": str, "tokenizer": str, "concurrency": int}
+
+
+@dataclass
+class ModelRun:
+    """One label of a models comparison: what it evaluates, and the config a local model loads with
+    (the shared config; a checkpoint's own model settings and seed)."""
+
+    label: str
+    source: ModelSource
+    config: Config
+    folder: Path
+
+
+@dataclass
+class ModelsPlan:
+    """Every model evaluated on the same tasks, seeds, env and sampling (seeupo-eval's protocol)."""
+
+    models: list[ModelRun]
+    seeds: list[int]
+    eval: EvalPlan
+    eval_tasks: list[str]
+    env_kwargs: dict[str, Any]
+    max_new_tokens: int
+    output_dir: Path
+
+
+def parse_model(item: str, options: dict[str, Any] | None = None) -> tuple[str, ModelSource]:
+    """`LABEL=SPEC` -> (label, ModelSource). SPEC: NAME@URL (a model on an OpenAI-compatible server),
+    a checkpoint folder (holding hf/ or adapter/), else a model name or folder ('tiny', 'embedded',
+    a Hugging Face id, a local path). `options`: the label's --set server options."""
+    from seeupo_gym.training.checkpoint import ADAPTER_FOLDER, HF_FOLDER
+
+    label, sep, spec = item.partition("=")
+    label, spec = label.strip(), spec.strip()
+    if not sep or not label or not spec:
+        raise ConfigError(f"--model {item!r} is not of the form LABEL=SPEC, e.g. base=embedded, "
+                          "trained=runs/x/checkpoints/step-8, or gpt=gpt-4o-mini@https://api.openai.com/v1")
+    if not _LABEL.match(label):
+        raise ConfigError(f"--model label {label!r} must be letters, digits and _ . + - (it names a folder)")
+    options = dict(options or {})
+    served = SERVED_SPEC.match(spec)
+    if served:
+        unknown = sorted(set(options) - set(SERVER_OPTIONS))
+        if unknown:
+            raise ConfigError(f"--set {label}.{unknown[0]}: a served model takes {sorted(SERVER_OPTIONS)}")
+        try:
+            typed = {key: SERVER_OPTIONS[key](value) for key, value in options.items()}
+        except (TypeError, ValueError):
+            raise ConfigError(f"--set {label}.concurrency must be an integer, got {options.get('concurrency')!r}") from None
+        return label, ModelSource(served["name"], base_url=served["url"], **typed)
+    if options:
+        raise ConfigError(f"--set {label}.{sorted(options)[0]}: {label} is not a served model (NAME@URL); "
+                          f"server options {sorted(SERVER_OPTIONS)} apply to served models only")
+    path = Path(spec).expanduser()
+    if "@" in spec and not path.exists():
+        raise ConfigError(f"--model {label}={spec}: a served model is NAME@URL with an http:// or https:// URL, "
+                          "e.g. gpt-4o-mini@https://api.openai.com/v1")
+    if (path / HF_FOLDER).is_dir() or (path / ADAPTER_FOLDER).is_dir():
+        return label, ModelSource("", checkpoint=str(path))  # the base model's name comes from its config.yaml
+    if (path / "checkpoints").is_dir():
+        raise ConfigError(f"--model {label}={spec}: that is a run folder; give one of its checkpoints, "
+                          f"e.g. {path / 'checkpoints' / 'step-N'}")
+    return label, ModelSource(spec)
+
+
+def parse_models(items: Sequence[str], options: dict[str, dict[str, Any]]) -> dict[str, ModelSource]:
+    """The --model items (repeatable) with their --set options -> {label: ModelSource}."""
+    models: dict[str, ModelSource] = {}
+    for item in items:
+        label, source = parse_model(item, options.get(item.partition("=")[0].strip()))
+        if label in models:
+            raise ConfigError(f"--model lists the label {label!r} twice; give each model its own label")
+        models[label] = source
+    unknown = sorted(set(options) - set(models))
+    if unknown:
+        raise ConfigError(f"--set names {unknown}, which are not among the --model labels {sorted(models)}")
+    return models
+
+
+def build_models_plan(
+    raw: dict[str, Any],
+    models: dict[str, ModelSource],
+    seeds: Sequence[int],
+    output_dir: str | Path,
+    eval_plan: EvalPlan,
+    max_new_tokens: int,
+) -> ModelsPlan:
+    """Resolve and check every model before any is loaded (errors name the label)."""
+    from seeupo_gym.training.cli import resolve_config
+    from seeupo_gym.training.tasks import eval_env_kwargs, eval_task_ids
+
+    n = eval_plan.n if eval_plan.n is not None else eval_plan.k
+    if eval_plan.k < 1 or n < eval_plan.k:
+        raise ConfigError(f"need 1 <= eval k <= n, got k={eval_plan.k}, n={n}")
+    if eval_plan.max_tasks < 0:
+        raise ConfigError(f"--eval-tasks must be >= 0, got {eval_plan.max_tasks}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    eval_plan.n = n
+    output = Path(output_dir)
+    shared = config_from_dict(raw)
+    if eval_plan.temperature is None:  # as seeupo-eval: the config's sampling temperature
+        eval_plan.temperature = shared.sampling.temperature
+    runs: list[ModelRun] = []
+    for label, source in models.items():
+        config = config_from_dict(copy.deepcopy(raw))
+        try:
+            if source.checkpoint is not None:
+                if not Path(source.checkpoint).is_dir():
+                    raise ConfigError(f"checkpoint {source.checkpoint!r} is not a folder")
+                if (Path(source.checkpoint) / "config.yaml").is_file():
+                    # The weights load as their run built them (base model, LoRA, dtype, seed of the base).
+                    own = resolve_config(None, source.checkpoint, [])
+                    config.model, config.train.seed = own.model, own.train.seed
+                source.name = config.model.name_or_path
+            source.check()
+        except ConfigError as error:
+            raise ConfigError(f"--model {label}: {error}") from error
+        runs.append(ModelRun(label, source, config, output / label))
+    tasks = list(eval_plan.tasks or eval_task_ids(shared.env, eval_plan.env_kwargs))
+    if eval_plan.max_tasks:
+        tasks = tasks[: eval_plan.max_tasks]
+    if not tasks:
+        raise ConfigError("no eval tasks: the env lists none (give --eval-task-ids)")
+    return ModelsPlan(runs, list(seeds), eval_plan, tasks, eval_env_kwargs(shared.env, eval_plan.env_kwargs),
+                      max_new_tokens, output)

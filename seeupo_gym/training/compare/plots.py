@@ -64,3 +64,41 @@ def plot_curves(
     figure = curves_figure(records, labels, k, title, eval_tasks)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def scores_figure(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, title: str) -> Any:
+    """Two panels, as curves.png: eval avg@k and pass@k per model; mean over seeds, min-max bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    colors = plt.get_cmap("tab10").colors
+    for axis, key in zip(axes, (f"eval/avg@{k}", f"eval/pass@{k}")):
+        series = collect_series(records, key)
+        for i, label in enumerate(labels):
+            if label not in series:
+                continue
+            values = [v for vs in series[label].points.values() for v in vs]
+            mean = sum(values) / len(values)
+            axis.bar(i, mean, color=colors[i % len(colors)], hatch="//" if i % 2 else None,
+                     label=f"{label} (n={len(values)} seed{'s' if len(values) > 1 else ''})")
+            if len(values) > 1:
+                axis.errorbar(i, mean, yerr=[[mean - min(values)], [max(values) - mean]], color="black", capsize=4)
+            axis.text(i + 0.05, mean + 0.01, f"{mean:.3f}", ha="left", va="bottom", fontsize=8)
+        axis.set_xticks(range(len(labels)), labels, fontsize=8)
+        axis.set_ylabel(f"eval {key.split('/', 1)[1]} (mean over seeds, min-max)")
+        axis.set_ylim(0, 1.08)
+        axis.grid(alpha=0.3, axis="y")
+    figure.suptitle(title, fontsize=10)
+    return figure
+
+
+def plot_scores(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int, path: Path, title: str) -> None:
+    """`scores_figure` written to `path`."""
+    import matplotlib.pyplot as plt
+
+    figure = scores_figure(records, labels, k, title)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -2,6 +2,8 @@
 
 The report is prose around four tables (final results with the best per column in bold,
 eval scores by step, eval start -> final per seed, training reward by step) and links curves.png (`plots.py`).
+A comparison of models (`seeupo-compare --model ...`, no training) has the same layout: the final
+table (avg@k, pass@k, per category), per seed, and scores.png in place of the curves.
 """
 
 from __future__ import annotations
@@ -13,8 +15,16 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from seeupo_gym.training.compare.plots import plot_curves
-from seeupo_gym.training.compare.stats import Row, collect_series, final_rows, read_records, window_width
+from seeupo_gym.training.compare.plots import plot_curves, plot_scores
+from seeupo_gym.training.compare.stats import (
+    ModelRow,
+    Row,
+    collect_series,
+    final_rows,
+    model_rows,
+    read_records,
+    window_width,
+)
 from seeupo_gym.training.config import ConfigError
 
 # The comparison's own record: command, settings, eval tasks, runs, wall time, failures.
@@ -158,6 +168,8 @@ def write_report(folder: str | Path) -> Path:
         raise ConfigError(f"{str(folder)!r} is not a seeupo-compare folder (no {RUN_INFO})")
     info = json.loads(info_path.read_text())
     records = combine_run_records(folder, info)
+    if info.get("kind") == "models":
+        return write_models_report(folder, info, records)
     labels = list(dict.fromkeys(run["label"] for run in info["runs"]))
     seeds = sorted({run["seed"] for run in info["runs"]})
     k = int(info["eval"]["k"])
@@ -289,3 +301,102 @@ def _window_text(steps: int) -> str:
 
 def _signed(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:+.3f}"
+
+
+def model_table(rows: Sequence[ModelRow], k: int) -> str:
+    """The final table of a models comparison, one row per model, the best per column in bold."""
+    categories = sorted({name for row in rows for name in row.categories})
+    columns = [
+        # (title, value, sd, higher is better, digits)
+        (f"avg@{k}", lambda r: r.avg, lambda r: r.avg_sd, True, 3),
+        (f"pass@{k}", lambda r: r.passed, lambda r: r.passed_sd, True, 3),
+        *([(f"{name} avg@{k}", (lambda r, name=name: r.categories.get(name, math.nan)), lambda r: None, True, 3)
+           for name in categories] if len(categories) > 1 else []),
+        ("tokens generated", lambda r: r.generated_tokens, lambda r: None, None, 0),
+        ("s / eval", lambda r: r.eval_seconds, lambda r: None, False, 1),
+        ("failed requests", lambda r: r.backend_errors, lambda r: None, None, 0),
+    ]
+    lines = ["| model | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    best = [_best([c[1](r) for r in rows], c[3]) if c[3] is not None else set() for c in columns]
+    for i, row in enumerate(rows):
+        cells = []
+        for j, (_, value, sd, _, digits) in enumerate(columns):
+            text = _fmt(value(row), sd(row), digits)
+            cells.append(f"**{text}**" if i in best[j] else text)
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def model_seed_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> str:
+    """avg@k / pass@k of every (model, seed): the spread behind the final table's means."""
+    scores = {(r["algorithm"], int(r["seed"])): (r[f"eval/avg@{k}"], r[f"eval/pass@{k}"])
+              for r in records if f"eval/avg@{k}" in r}
+    seeds = sorted({seed for _, seed in scores})
+    if not seeds:
+        return "(no evaluations)"
+    lines = ["| seed | " + " | ".join(f"{label} avg@{k} / pass@{k}" for label in labels) + " |",
+             "|---" * (len(labels) + 1) + "|"]
+    for seed in seeds:
+        cells = [f"{scores[(label, seed)][0]:.3f} / {scores[(label, seed)][1]:.3f}" if (label, seed) in scores else ""
+                 for label in labels]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_models_report(folder: Path, info: dict[str, Any], records: list[dict[str, Any]]) -> Path:
+    """report.md, scores.png and summary.json of a models comparison."""
+    labels = list(info["models"])
+    k, ev, env = int(info["eval"]["k"]), info["eval"], info["config"]["env"]
+    rows = model_rows(records, labels, k)
+    title = f"{', '.join(labels)} on {env['id']} {_kwargs_text(info['env_kwargs'])}"
+    plot_scores(records, labels, k, folder / "scores.png", title)
+    wall = info.get("wall_seconds")
+    failures = info.get("failures") or {}
+    seeds = info["seeds"]
+    models = "; ".join(f"**{label}**: {model['source']}" for label, model in info["models"].items())
+    lines = [
+        f"# {', '.join(labels)} on {env['id']}",
+        "",
+        f"Models: {models}. Env `{env['id']}` {_kwargs_text(info['env_kwargs'])}.",
+        f"Evaluation: {len(info['eval_tasks'])} tasks x {ev['n']} rollouts at temperature "
+        f"{ev['temperature']}, responses of at "
+        f"most {ev['max_new_tokens']} tokens per turn; seeds {', '.join(map(str, seeds))} (the same tasks and draws "
+        "for every model; each (model, seed) scores as `seeupo-eval --seed` would).",
+        "",
+        f"Started {info['started']} on {info['host']['cpus']} CPU(s), {info['host']['platform']}"
+        + (f"; total wall time **{wall / 60:.1f} min**." if wall else "."),
+        "",
+        "## Final results",
+        "",
+        *(["**Interrupted before the end**: partial results.", ""] if wall is None else []),
+        model_table(rows, k),
+        "",
+        f"Means over seeds (± sd when there are several). *avg@{k}*: mean task score over {ev['n']} sampled "
+        f"rollouts per task; *pass@{k}*: the unbiased chance that at least one of {k} rollouts succeeds. "
+        "*tokens generated*: mean per evaluation (not counted for a model behind a chat API); *failed requests*: episodes "
+        "a server ended without a usable reply, scored as failures. Best per column in **bold**.",
+        "",
+        f"![eval avg@{k} and pass@{k} per model](scores.png)",
+        "",
+        "## Per seed",
+        "",
+        model_seed_table(records, labels, k),
+    ]
+    if failures:
+        lines += ["", "## Failed models", ""] + [f"- {name}: {error}" for name, error in failures.items()]
+    lines += [
+        "",
+        "## Files",
+        "",
+        "- `metrics.jsonl`: every model's eval records, tagged `algorithm` (the label) and `seed`.",
+        "- `<label>/seed-<s>/`: each evaluation's metrics.jsonl and result.json (seeupo-eval's JSON, per task).",
+        f"- `{RUN_INFO}`: the command, the settings, the models and the eval task ids (API keys are never written).",
+        "",
+        f"Command: `{info.get('command') or 'seeupo-compare'}`",
+        "",
+    ]
+    (folder / "report.md").write_text("\n".join(lines))
+    summary = {"k": k, "wall_seconds": wall, "failures": failures,
+               "models": {row.label: dataclasses.asdict(row) for row in rows}}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return folder / "report.md"

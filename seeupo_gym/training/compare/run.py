@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from seeupo_gym.agents.seeding import derive_seed
-from seeupo_gym.training.compare.plan import ComparePlan, RunSpec, eval_steps
+from seeupo_gym.training.compare.plan import ComparePlan, ModelRun, ModelsPlan, RunSpec, eval_steps
 from seeupo_gym.training.compare.report import RUN_INFO, write_report
 from seeupo_gym.training.checkpoint import clear_run_folder
 from seeupo_gym.training.compare.stats import read_records
@@ -173,3 +173,96 @@ def _run_line(run: RunSpec, plan: ComparePlan, failure: str | None) -> str:
     if evals:
         parts.append(f"eval avg@{plan.eval.k} {evals[0]:.3f} -> {evals[-1]:.3f}")
     return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- models, side by side
+
+
+def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "") -> Path:
+    """Evaluate every model at every seed (`model_source.evaluate_source`, seeupo-eval's own path),
+    then write the report; returns the run folder. A model that fails is reported, the others go on."""
+    from tqdm.auto import tqdm
+
+    from seeupo_gym.training.model_source import evaluate_source, public_url
+
+    plan.output_dir.mkdir(parents=True, exist_ok=True)
+    info = _models_info(plan, command)
+    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    started = time.perf_counter()
+    failures: dict[str, str] = {}
+    ev = plan.eval
+    with tqdm(total=len(plan.models) * len(plan.seeds), desc="compare", unit="eval", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for run in plan.models:
+            opened = None
+            done = 0
+            for seed in plan.seeds:  # a rerun into the folder replaces each model's results
+                for name in ("metrics.jsonl", "result.json"):
+                    (run.folder / f"seed-{seed}" / name).unlink(missing_ok=True)
+            try:
+                bar.set_postfix_str(f"{run.label}: loading {run.source.describe()}")
+                opened = run.source.open(run.config)
+                for seed in plan.seeds:
+                    bar.set_postfix_str(f"{run.label}: seed {seed}")
+                    result = evaluate_source(
+                        opened, run.config, plan.eval_tasks, env_kwargs=plan.env_kwargs, k=ev.k, n=ev.n or ev.k,
+                        temperature=ev.temperature, max_new_tokens=plan.max_new_tokens, seed=seed, progress=progress,
+                        program="seeupo-compare", desc=f"{run.label} seed {seed}",
+                        slow_hint="fewer models, seeds, eval tasks, rollouts (-n, -k) or tokens (--max-new-tokens) shorten it",
+                    )
+                    _write_model_result(run.folder / f"seed-{seed}", run, result)
+                    bar.update(1)
+                    done += 1
+                    tqdm.write(f"{run.label} seed {seed}: avg@{ev.k} {result.avg_at_k:.3f}, pass@{ev.k} "
+                               f"{result.pass_at_k:.3f} ({result.wall_seconds:.1f} s)", file=sys.stderr)
+            except Exception as error:  # one broken model (or server) must not lose the others
+                logger.exception("model %s failed", run.label)
+                text = f"{type(error).__name__}: {error}"
+                if run.source.base_url:  # the URL as the report shows it, never its credentials
+                    text = text.replace(run.source.base_url, public_url(run.source.base_url))
+                failures[run.label] = text
+                bar.update(len(plan.seeds) - done)
+                tqdm.write(f"{run.label}: FAILED ({text})", file=sys.stderr)
+            finally:
+                if opened is not None:
+                    opened.close()
+    info["wall_seconds"] = time.perf_counter() - started
+    info["failures"] = failures
+    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_report(plan.output_dir)
+    return plan.output_dir
+
+
+def _write_model_result(folder: Path, run: ModelRun, result: Any) -> None:
+    """The seed's metrics record (as a training run's eval record, at step 0) and seeupo-eval's JSON."""
+    from seeupo_gym.training.evaluation import eval_record
+
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {**eval_record(result, 0), "eval/backend_errors": float(result.backend_errors)}
+    if not (run.source.served and run.source.mode == "chat"):  # a chat API's tokens are not counted: n/a
+        record["eval/generated_tokens"] = float(result.generated_tokens)
+    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    (folder / "result.json").write_text(json.dumps({"label": run.label, "source": run.source.describe(),
+                                                    **result.to_dict()}, indent=2, default=str) + "\n")
+
+
+def _models_info(plan: ModelsPlan, command: str) -> dict[str, Any]:
+    """run.json of a models comparison; a served model appears as its description (name, public URL,
+    mode) and the name of its key's variable, never the key."""
+    return {
+        "kind": "models",
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "eval": {**dataclasses.asdict(plan.eval), "max_new_tokens": plan.max_new_tokens},
+        "eval_tasks": plan.eval_tasks,
+        "env_kwargs": plan.env_kwargs,
+        "seeds": plan.seeds,
+        "models": {
+            run.label: {"source": run.source.describe(), "served": run.source.served, "checkpoint": run.source.checkpoint,
+                        "api_key_env": run.source.api_key_env if run.source.served else None}
+            for run in plan.models
+        },
+        "runs": [{"label": r.label, "seed": s, "folder": str(r.folder / f"seed-{s}")} for r in plan.models for s in plan.seeds],
+        "config": {**plan.models[0].config.to_dict(), "algorithm": None, "model": None},
+    }

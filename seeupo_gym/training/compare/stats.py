@@ -128,3 +128,47 @@ def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
             )
         )
     return rows
+
+
+@dataclass
+class ModelRow:
+    """The numbers of one model in a models comparison (means over seeds; sd when several seeds)."""
+
+    label: str
+    seeds: int
+    avg: float
+    avg_sd: float
+    passed: float
+    passed_sd: float
+    # Mean avg@k per category (BFCL: base, miss_func, ...), when the env reports several.
+    categories: dict[str, float]
+    generated_tokens: float
+    eval_seconds: float
+    backend_errors: float
+
+
+def model_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> list[ModelRow]:
+    """One row per label from its seeds' eval records; a label without a record (it failed) gets nan."""
+    rows = []
+    for label in labels:
+        mine = [r for r in records if r.get("algorithm") == label and f"eval/avg@{k}" in r]
+        avg, avg_sd = mean_sd([r[f"eval/avg@{k}"] for r in mine])
+        passed, passed_sd = mean_sd([r[f"eval/pass@{k}"] for r in mine])
+        suffix = f"/avg@{k}"
+        names = sorted({key[len("eval/"):-len(suffix)] for r in mine for key in r
+                        if key.startswith("eval/") and key.endswith(suffix) and key.count("/") == 2})
+        categories = {name: mean_sd([r[f"eval/{name}{suffix}"] for r in mine if f"eval/{name}{suffix}" in r])[0]
+                      for name in names}
+        rows.append(ModelRow(
+            label=label,
+            seeds=len(mine),
+            avg=avg,
+            avg_sd=avg_sd,
+            passed=passed,
+            passed_sd=passed_sd,
+            categories=categories,
+            generated_tokens=mean_sd([r.get("eval/generated_tokens", math.nan) for r in mine])[0],
+            eval_seconds=mean_sd([r.get("time/eval_s", math.nan) for r in mine])[0],
+            backend_errors=sum(r.get("eval/backend_errors", 0.0) for r in mine),
+        ))
+    return rows
