@@ -270,6 +270,8 @@ def test_a_process_whose_main_thread_exited_does_not_outlive_the_pause_nor_wake_
     assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
 
 
+# Slow suite: eight fork storms, ~40 s; the sweep itself is checked by the other isolation tests.
+@pytest.mark.slow
 def test_a_fork_storm_never_outlasts_the_sweep(server):
     outcomes = []
     for trial in range(8):
@@ -600,6 +602,8 @@ def test_a_claimed_completion_is_not_a_completed_task(env):
 # ---------------------------------------------------------------------------- recovery
 
 
+# Slow suite: waits out a step deadline, ~40 s.
+@pytest.mark.slow
 def test_a_stopped_warm_parent_is_replaced_within_the_step_deadline():
     with ServerPool(MINI) as pool:
         env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool, timeout_seconds=4, response_grace_s=3)

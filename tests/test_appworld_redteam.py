@@ -663,6 +663,8 @@ def run_resource_cells(env: gym.Env, host: Host, cells: list[Cell], findings: Fi
         findings.add("resources", cells[-1].name.split(".")[0], f"the env burns {burnt:.1f} CPU-s per s once its episodes are over")
 
 
+# Slow suite: each cell runs to its limit, ~70 s.
+@pytest.mark.slow
 def test_resource_exhaustion_is_bounded_and_ends_with_the_step(attacker, host, honest):
     findings = Findings()
     run_resource_cells(attacker, host, catalogue.RESOURCES, findings)

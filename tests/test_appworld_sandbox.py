@@ -224,6 +224,8 @@ def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets(pool):
         env.close()
 
 
+# Slow suite: ~35 s; a kill mid-episode stays in the default suite (test_appworld.py).
+@pytest.mark.slow
 def test_a_server_killed_while_idle_is_replaced_at_once_at_the_next_reset():
     env = AppWorldEnv(split="mini", startup_timeout=180)
     try:
@@ -320,6 +322,8 @@ def test_sandbox_memory_groups_of_killed_owners_are_removed():
     assert not group.path.exists()
 
 
+# Slow suite: a second server start, ~15 s.
+@pytest.mark.slow
 def test_without_a_memory_cgroup_file_system_the_server_warns_and_still_runs(monkeypatch, tmp_path, caplog):
     # The cgroup root replaced by an empty folder: a container without /sys/fs/cgroup.
     monkeypatch.setattr("seeupo_gym.appworld.cgroup.CGROUP_ROOT", tmp_path)
@@ -349,6 +353,8 @@ env.step(render_action("sum(range(10**12))"))  # killed while this runs
 """
 
 
+# Slow suite: ~20 s; a killed server leaving no process stays in the default suite (test_appworld.py).
+@pytest.mark.slow
 def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     root = Path(owner.stdout.readline().strip())
@@ -372,7 +378,7 @@ def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
     assert not any(group.exists() for group in groups)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "async"])  # sync: slow suite
 def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode, pool):
     # One env ends an episode every step while the other is mid-episode: gymnasium merges
     # info per key, so a key that is a dict in one env and None in another would crash.
@@ -427,6 +433,8 @@ def test_a_missing_bwrap_binary_says_how_to_install_it(monkeypatch, tmp_path):
         find_bwrap(Interpreter(python=python, prefix=python.parent, base_prefix=python.parent, bundled_bwrap=None))
 
 
+# Slow suite: the unsandboxed debugging mode, ~20 s.
+@pytest.mark.slow
 def test_sandbox_none_still_runs_episodes():
     env = AppWorldEnv(split="mini", sandbox="none")
     try:

@@ -393,6 +393,8 @@ def test_a_dead_server_fails_collection_with_a_clear_error_after_the_retries(tin
                         seed=0, retries=1, what="step 1")
 
 
+# Slow suite: two training runs, ~50 s; the remote env's equality with the local one stays.
+@pytest.mark.slow
 def test_seeupo_train_with_env_url_trains_on_the_served_env_as_on_the_local_one(tmp_path, one_torch_thread):
     from seeupo_gym.training.cli import train_main
 

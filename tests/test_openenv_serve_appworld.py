@@ -77,6 +77,8 @@ def test_a_ground_truth_appworld_episode_scores_one_through_the_openenv_client(s
     assert info["success"] is True and info["tests"]["passed"] == info["tests"]["total"] > 0
 
 
+# Slow suite: three AppWorld episodes each side, ~35 s; a ground-truth episode over the client stays.
+@pytest.mark.slow
 def test_the_remote_appworld_env_equals_the_local_env_on_three_seeds(server):
     remote = gym.make("seeupo/Remote-v0", url=server.url, env_id="seeupo/AppWorld-v0", env_kwargs=KWARGS)
     local = gym.make("seeupo/AppWorld-v0", **KWARGS)
@@ -103,7 +105,8 @@ def test_the_remote_appworld_env_equals_the_local_env_on_three_seeds(server):
         local.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGKILL],  # SIGTERM: slow suite
+                         ids=["sigterm", "sigkill"])
 def test_no_sandbox_is_left_after_the_server_is_stopped(sig):
     served = None
     with serving("seeupo/AppWorld-v0", "split=mini", "max_turns=4", startup_s=300) as served:

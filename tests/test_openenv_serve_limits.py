@@ -55,6 +55,8 @@ def live_envs(url: str) -> int:
     return httpx.get(f"{url}/seeupo/env", headers=AUTH, timeout=30).json()["live_envs"]
 
 
+# Slow suite: 1,100 sockets held to the deadline, ~40 s.
+@pytest.mark.slow
 def test_1100_connections_that_never_finish_their_headers_neither_exhaust_descriptors_nor_outlast_the_deadline(guarded):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1400:

@@ -92,6 +92,8 @@ def test_a_worker_killed_mid_episode_ends_it_as_an_env_error_and_is_replaced(loc
             dead.reset(seed=0)
 
 
+# Slow suite: a training run on Ray, ~20 s; Ray collecting the local batch stays.
+@pytest.mark.slow
 def test_seeupo_train_on_ray_workers_collects_the_local_runs_first_step(local_ray, tmp_path, monkeypatch):
     from seeupo_gym.training.cli import train_main
 

@@ -78,6 +78,8 @@ def test_a_bad_action_is_an_observation_not_an_exception():
     assert output["observations"][0]["role"] == "user" and output["observations"][0]["content"].startswith("Error:")
 
 
+# Slow suite: a fourth AppWorld ground-truth path, ~20 s; the TRL and gym ones stay.
+@pytest.mark.slow
 @pytest.mark.appworld
 def test_appworld_ground_truth_through_skyrl_make_scores_one():
     from conftest import appworld_mini
