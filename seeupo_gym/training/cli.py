@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
+from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # seeupo-eval's response budget when no config says otherwise: a random or untrained model
 # rarely stops by itself, and the training default (1024 per turn, 10 turns) keeps a CPU busy
@@ -124,6 +125,9 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as error:  # a model or file that does not load: the cause, not a traceback
         print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except ServeError as error:  # generation.serve: the server did not come up (its log's tail follows)
+        print(f"seeupo-train: {error}", file=sys.stderr)
         return 2
     with trainer:
         records = trainer.train()
