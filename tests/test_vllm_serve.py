@@ -44,7 +44,9 @@ def _setup(tmp_path: Path, **options) -> TrainingSetup:
 
 def test_serve_starts_the_stand_in_server_with_the_runs_flags_and_stops_it_at_close(tmp_path, tiny, one_torch_thread):
     model, tokenizer = tiny
-    backend = OpenAIBackend.for_training(model, tokenizer, _setup(tmp_path, serve_args=["--max-num-seqs", "4"]))
+    backend = OpenAIBackend.for_training(
+        model, tokenizer, _setup(tmp_path, serve_args=["--max-num-seqs", "4"], enforce_eager=True)
+    )
     try:
         root = backend.server.root_url
         assert backend.base_url == root + "/v1" and root.startswith("http://127.0.0.1:")
@@ -61,7 +63,7 @@ def test_serve_starts_the_stand_in_server_with_the_runs_flags_and_stops_it_at_cl
     assert (options["--seed"], options["--max-model-len"]) == ("0", "512")
     assert options["--logprobs-mode"] == "processed_logprobs"
     assert "--enable-lora" in argv and (options["--max-lora-rank"], options["--max-loras"]) == ("4", "3")
-    assert argv[-2:] == ["--max-num-seqs", "4"]  # serve_args come last
+    assert argv[-3:] == ["--enforce-eager", "--max-num-seqs", "4"]  # serve_args come last
     assert launch["env"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert len(completion.token_ids) == len(completion.logprobs) >= 1
     assert not _alive(launch["pid"])
@@ -79,17 +81,18 @@ def test_full_fine_tuning_serve_turns_on_the_weight_reload_routes_not_lora(tmp_p
         launch = httpx.get(backend.server.root_url + "/launch").json()
     finally:
         backend.close()
-    assert "--enable-lora" not in launch["argv"]
+    assert "--enable-lora" not in launch["argv"] and "--enforce-eager" not in launch["argv"]
     assert launch["env"].get("VLLM_SERVER_DEV_MODE") == "1" and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in launch["env"]
 
 
 def test_a_server_that_exits_at_start_is_a_clear_error_with_the_end_of_its_output(tmp_path, tiny):
     model, tokenizer = tiny
-    exits = [sys.executable, "-c", "import sys; print('stand-in: cannot load the model'); sys.exit(3)"]
+    exits = [sys.executable, "-c", "import sys; print('stand-in: cannot load the model\\x1b[2J'); sys.exit(3)"]
     started = time.monotonic()
-    with pytest.raises(ServeError, match=r"(?s)exited with code 3 .*vllm-serve\.log.*stand-in: cannot load the model"):
+    with pytest.raises(ServeError, match=r"(?s)exited with code 3 .*vllm-serve\.log.*stand-in: cannot load the model") as raised:
         OpenAIBackend.for_training(model, tokenizer, _setup(tmp_path, serve_command=exits))
     assert time.monotonic() - started < 30
+    assert "\x1b" not in str(raised.value)  # the server's output reaches the terminal without escape sequences
 
 
 def test_a_server_that_never_answers_health_and_its_workers_are_killed_at_the_deadline(tmp_path):

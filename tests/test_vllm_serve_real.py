@@ -66,11 +66,11 @@ def test_a_training_step_on_vllm_serve_samples_what_the_learner_scores_and_the_n
         "model.name_or_path=embedded", "model.dtype=float32",
         "model.lora={r: 8, alpha: 16, dropout: 0.0, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}",
         "env.kwargs={variant: easy, num_tasks: 4, max_turns: 2}", "env.num_envs=2", "env.max_context_tokens=1024",
-        "sampling.max_new_tokens=6", "train.steps=2", "train.tasks_per_step=1", "train.group_size=2",
+        "sampling.max_new_tokens=6", "train.steps=1", "train.tasks_per_step=1", "train.group_size=2",
         "train.save_every=0", "optim.lr=1e-3",
         f"log.output_dir={tmp_path / 'run'}", "log.trackers=[]", "log.progress_bars=false",
         "generation.backend=openai", "generation.serve=true", "generation.serve_timeout_s=1200",
-        f"generation.serve_env={{{serve_env}}}", "generation.serve_args=[--enforce-eager, --enable-log-requests]",
+        f"generation.serve_env={{{serve_env}}}", "generation.enforce_eager=true", "generation.serve_args=[--enable-log-requests]",
         f"generation.weights_dir={tmp_path / 'weights'}",
     ])
 
@@ -84,7 +84,7 @@ def test_a_training_step_on_vllm_serve_samples_what_the_learner_scores_and_the_n
 
     monkeypatch.setattr(OpenAIBackend, "_post_once", recording_post_once)
 
-    gaps, base_gaps, versions, adapters_listed = [], [], [], []
+    gaps, base_gaps, requests, adapters_listed = [], [], [], []
     with Trainer(config) as trainer:
         model = trainer.accelerator.unwrap_model(trainer.model)
         server = trainer.backend.server
@@ -100,7 +100,9 @@ def test_a_training_step_on_vllm_serve_samples_what_the_learner_scores_and_the_n
         collect_step = trainer._collect_step
 
         def checked_collect_step(step):
+            first = len(sent)
             collected = collect_step(step)
+            requests.append(sent[first:])
             # The learner's weights are the ones that sampled this step: score its turns with them.
             turns = [turn for trajectory in collected.batch.trajectories for turn in trajectory.turns]
             contexts, responses = [t.context_ids for t in turns], [t.response_ids for t in turns]
@@ -113,30 +115,32 @@ def test_a_training_step_on_vllm_serve_samples_what_the_learner_scores_and_the_n
                 recorded[i, : len(turn.sample_logprobs)] = torch.tensor(turn.sample_logprobs)
             gaps.append(float((learner - recorded)[mask].abs().max()))
             base_gaps.append(float((base - recorded)[mask].abs().max()))
-            versions.append(sorted({t.policy_version for t in turns}))
             adapters_listed.append(sorted(m["id"] for m in httpx.get(server.base_url + "/models").json()["data"]))
             return collected
 
         trainer._collect_step = checked_collect_step
-        records = trainer.train(save_at_end=False)
+        records = trainer.train(save_at_end=False)  # one step: collect, update, push the adapter
+        checked_collect_step(2)  # the next step's collection (its update would add nothing to check)
         pid = server.process.pid if server.process is not None else None
     # The server went down with the trainer.
+    assert pid is not None and server.process is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.root_url + "/health", timeout=5)
-    assert pid is not None
 
-    assert [r["step"] for r in records] == [1.0, 2.0]
+    print(f"\nlogprob gap to the learner per step {gaps}, to the base model {base_gaps}; "
+          f"step 1: rollout {records[0]['time/rollout_s']:.0f} s, update {records[0]['time/update_s']:.0f} s")
+    assert [r["step"] for r in records] == [1.0]
     assert max(gaps) < LOGPROB_ATOL, gaps
     assert min(base_gaps) > 10 * LOGPROB_ATOL, base_gaps  # the server sampled with the adapter, not the base
-    # The adapter pushed before step 1 is policy-v1; step 1's update pushed policy-v2.
-    assert versions == [[1], [2]]
-    assert adapters_listed[0] == ["embedded", "policy-v1"]
-    assert adapters_listed[1] == ["embedded", "policy-v1", "policy-v2"]
-    completions = [(model_name, version) for route, model_name, version in sent if route == "/completions"]
-    step_1 = completions[: len(completions) // 2]
-    assert completions and {c for c in completions[:1]} == {("policy-v1", "1")}
-    assert completions[-1] == ("policy-v2", "2")
-    # vLLM's own log names the adapter each request ran with.
-    served = re.findall(r"lora_name='(policy-v\d+)'", log_path.read_text())
-    assert served and set(served) == {"policy-v1", "policy-v2"}
-    del step_1
+    # The adapter pushed before step 1 is policy-v1; step 1's update pushed policy-v2, and every
+    # request of step 2 names it (model name and version header).
+    assert adapters_listed == [["embedded", "policy-v1"], ["embedded", "policy-v1", "policy-v2"]]
+    completions = [[(model_name, version) for route, model_name, version in step if route == "/completions"]
+                   for step in requests]
+    assert completions[0] and set(completions[0]) == {("policy-v1", "1")}
+    assert completions[1] and set(completions[1]) == {("policy-v2", "2")}
+    # vLLM's own request log names the adapter each request ran with, in the same order.
+    served = re.findall(r"lora_request: LoRARequest\(lora_name='(policy-v\d+)'", log_path.read_text())
+    assert served == [name for step in completions for name, _ in step]

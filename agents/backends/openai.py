@@ -396,7 +396,7 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
         seed=setup.seed, max_model_len=int(options.get("max_model_len") or setup.max_context_tokens),
         # The new adapter is loaded before the oldest kept one is unloaded: one more slot.
         lora_rank=setup.lora_rank, max_loras=keep_adapters + 1,
-    )
+    ) + (["--enforce-eager"] if options.get("enforce_eager") else [])
     # LoRA runs hot-load an adapter per version; full fine-tuning reloads weights through the dev routes.
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if setup.lora_rank is not None else {"VLLM_SERVER_DEV_MODE": "1"}
     env.update({str(k): str(v) for k, v in (options.get("serve_env") or {}).items()})

@@ -181,7 +181,9 @@ class VLLMServer:
                 data = f.read()
         except OSError:
             return "(no output)"
-        return data.decode("utf-8", errors="replace")
+        # Into an error message on the user's terminal: no control characters (escape sequences).
+        text = data.decode("utf-8", errors="replace")
+        return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the server's process group, SIGKILL after `grace_s`; safe to call twice."""

@@ -158,7 +158,7 @@ class GenerationConfig:
     tensor_parallel_size: int = 1
     # vllm: longest sequence the engine plans KV memory for; null: env.max_context_tokens.
     max_model_len: int | None = None
-    # vllm: CUDA graphs off (faster start, slower decoding).
+    # vllm (and the server of serve): CUDA graphs and torch.compile off (faster start, slower decoding).
     enforce_eager: bool = False
     # vllm: more `vllm.LLM` keyword arguments, passed as they are.
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
