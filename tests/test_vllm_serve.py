@@ -37,7 +37,7 @@ def _alive(pid: int) -> bool:
 def _setup(tmp_path: Path, **options) -> TrainingSetup:
     return TrainingSetup(
         model_name="tiny", dtype="float32", seed=0, lora_rank=4, max_context_tokens=512, processes=1, sharded=False,
-        options={"serve": True, "serve_command": STAND_IN_SERVER, "serve_log": str(tmp_path / "vllm-serve.log"),
+        options={"serve": True, "serve_command": STAND_IN_SERVER, "output_dir": str(tmp_path),
                  "serve_env": {"OMP_NUM_THREADS": "1"}, "serve_timeout_s": 120, **options},
     )
 

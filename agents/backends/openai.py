@@ -141,7 +141,7 @@ class OpenAIBackend(Backend):
         or one started here for the run (`serve: true`, see `vllm_server.py`) and stopped by `close`.
 
         Options (the config's `generation` section): base_url, serve, serve_command, serve_args,
-        serve_env, serve_timeout_s, serve_log, served_model (default model.name_or_path),
+        serve_env, serve_timeout_s, output_dir (the server's log goes there), served_model (default model.name_or_path),
         api_key_env, max_concurrency, timeout_s, weights_dir (a folder the server can read:
         adapters and weights are written there for it to load)."""
         options = dict(setup.options)
@@ -400,7 +400,8 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     # LoRA runs hot-load an adapter per version; full fine-tuning reloads weights through the dev routes.
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if setup.lora_rank is not None else {"VLLM_SERVER_DEV_MODE": "1"}
     env.update({str(k): str(v) for k, v in (options.get("serve_env") or {}).items()})
-    log_path = options.get("serve_log") or os.path.join(tempfile.gettempdir(), f"seeupo-vllm-serve-{port}.log")
+    run_dir = options.get("output_dir")
+    log_path = os.path.join(run_dir, "vllm-serve.log") if run_dir else os.path.join(tempfile.gettempdir(), f"seeupo-vllm-serve-{port}.log")
     server = VLLMServer(
         command, arguments + [str(a) for a in options.get("serve_args") or ()], env=env, log_path=log_path,
         startup_timeout_s=float(options.get("serve_timeout_s", 900.0)), port=port,

@@ -228,8 +228,8 @@ class Trainer:
             max_context_tokens=config.env.max_context_tokens,
             processes=acc.num_processes,
             sharded=acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED),
-            # serve_log: where a server started for the run (generation.serve) writes its output.
-            options={**dataclasses.asdict(config.generation), "serve_log": str(self.output_dir / "vllm-serve.log")},
+            # output_dir: the run folder, for the backend's own files (e.g. the log of a server it starts).
+            options={**dataclasses.asdict(config.generation), "output_dir": str(self.output_dir)},
         )
         try:
             return backend_class(config.generation.backend).for_training(acc.unwrap_model(self.model), self.tokenizer, setup)
