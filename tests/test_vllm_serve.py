@@ -179,3 +179,44 @@ def test_without_a_vllm_to_start_the_error_says_how_to_get_one(tmp_path, monkeyp
         (bin_folder / name).write_text("#!/bin/sh\n")
         (bin_folder / name).chmod(0o755)
     assert vllm_command(None) == [str(bin_folder / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_trainer_killed_without_stopping_its_server_takes_the_server_down(tmp_path):
+    import subprocess
+
+    # The stand-in server answers /health and writes its pid; the "trainer" starts it, then is SIGKILLed.
+    stand_in = tmp_path / "stand_in_server.py"
+    stand_in.write_text(
+        "import http.server, os, sys\n"
+        f"open({str(tmp_path / 'server.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "class Health(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1])), Health).serve_forever()\n"
+    )
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import sys, time\n"
+        "from seeupo_gym.agents.backends.vllm_server import VLLMServer, free_port\n"
+        "port = free_port()\n"
+        f"server = VLLMServer([sys.executable, {str(stand_in)!r}], ['--port', str(port)], log_path={str(tmp_path / 'serve.log')!r}, port=port)\n"
+        "server.start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(trainer)], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline().strip() == b"ready"
+        pid = int((tmp_path / "server.pid").read_text())
+        assert _alive(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphaned = _alive(pid)
+    if orphaned:
+        os.kill(pid, 9)  # leave nothing running when the test fails
+    assert not orphaned

@@ -141,9 +141,9 @@ class OpenAIBackend(Backend):
         or one started here for the run (`serve: true`, see `vllm_server.py`) and stopped by `close`.
 
         Options (the config's `generation` section): base_url, serve, serve_command, serve_args,
-        serve_env, serve_timeout_s, output_dir (the server's log goes there), served_model (default model.name_or_path),
-        api_key_env, max_concurrency, timeout_s, weights_dir (a folder the server can read:
-        adapters and weights are written there for it to load)."""
+        serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
+        there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
+        weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
         base_url = options.get("base_url")
         serve = bool(options.get("serve"))

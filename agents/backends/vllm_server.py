@@ -1,7 +1,8 @@
 """`vllm serve` started for a training run (`generation.serve: true`) and stopped with it.
 
 The server runs on 127.0.0.1 on a free port, in its own process group (so its engine workers go
-down with it), with its output in a log file. `start` returns once `/health` answers, or raises
+down with it), with its output in a log file; on Linux it also gets SIGTERM if the trainer dies
+without stopping it. `start` returns once `/health` answers, or raises
 `ServeError` with the log's last lines when the process exits first or the deadline passes.
 `stop` (idempotent, also registered with atexit) sends SIGTERM to the group, then SIGKILL.
 
@@ -21,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -133,7 +135,7 @@ class VLLMServer:
             log.write(f"$ {' '.join(argv)}\n".encode())
             try:
                 self.process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    _dies_with_parent(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env={**os.environ, **self.env}, start_new_session=True,
                 )
             except OSError as error:
@@ -208,6 +210,24 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Runs the server under PR_SET_DEATHSIG (Linux): when the trainer dies without stopping it (SIGKILL,
+# an unhandled SIGTERM), the kernel sends the server SIGTERM instead of leaving it serving. The
+# setting survives exec; the check after it covers a trainer that died before it was made. (The
+# kernel ties it to the thread that started the server: start it from a thread that lives as long.)
+_DEATHSIG_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def _dies_with_parent(argv: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _DEATHSIG_SHIM, str(os.getpid()), *argv]
 
 
 def _signal_group(pid: int, sig: int) -> None:

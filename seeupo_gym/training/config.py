@@ -133,8 +133,8 @@ class GenerationConfig:
     base_url: str | None = None
     # openai: start `vllm serve` for the run instead (127.0.0.1, a free port, the run's model, LoRA
     # flags), stopped when the run ends; its output goes to <output_dir>/vllm-serve.log. The
-    # command: serve_command (e.g. [/opt/vllm/bin/vllm, serve]), else .venv-vllm/bin/vllm serve
-    # (`make vllm-cpu-venv`), else vllm from PATH; serve_args: more arguments (e.g. [--max-num-seqs,
+    # command: serve_command (e.g. [/opt/vllm/bin/vllm, serve]), else .venv-vllm's vLLM server module
+    # (`make vllm-cpu-venv`), else `vllm serve` from PATH; serve_args: more arguments (e.g. [--max-num-seqs,
     # "16"]); serve_env: its environment variables (e.g. VLLM_CPU_KVCACHE_SPACE: "2"); serve_timeout_s:
     # the deadline for its /health to answer (a CPU start takes about a minute).
     serve: bool = False
