@@ -13,6 +13,8 @@
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
   the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).
 - `GET /log` lists the requests seen (route, policy version header, whether a key was sent).
+- `GET /launch`: its arguments and VLLM_* environment variables, when started in `vllm serve`'s
+  place by `generation.serve` (it takes vLLM's arguments and ignores all but --port).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 app = FastAPI()
-STATE: dict[str, Any] = {"fault": None, "count": 0, "log": [], "script": None}
+STATE: dict[str, Any] = {"fault": None, "count": 0, "log": [], "script": None, "launch": {}}
 _LOCK = threading.Lock()
 _MODEL: dict[str, Any] = {}
 
@@ -204,11 +206,25 @@ async def chat(request: Request) -> Response:
     return await _faulty(fault, body) or JSONResponse(body)
 
 
+@app.get("/launch")
+async def launch() -> dict[str, Any]:
+    return STATE["launch"]
+
+
 def main() -> None:
+    import os
+    import sys
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", help="a JSON file: marker -> replies (chat)")
-    args = parser.parse_args()
+    # Launched in `vllm serve`'s place (generation.serve tests): its other arguments are recorded, not used.
+    args, _ = parser.parse_known_args()
+    STATE["launch"] = {
+        "argv": sys.argv[1:],
+        "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        "pid": os.getpid(),
+    }
     if args.script:
         with open(args.script) as f:
             STATE["script"] = json.load(f)

@@ -136,31 +136,46 @@ class OpenAIBackend(Backend):
 
     @classmethod
     def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "OpenAIBackend":
-        """Generation on a server the user started (`vllm serve <model> --enable-lora
-        --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for LoRA runs).
+        """Generation on a server: the user's (`base_url`: `vllm serve <model> --enable-lora
+        --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for LoRA runs),
+        or one started here for the run (`serve: true`, see `vllm_server.py`) and stopped by `close`.
 
-        Options (the config's `generation` section): base_url (required), served_model (default
-        model.name_or_path), api_key_env, max_concurrency, timeout_s, weights_dir (a folder the
-        server can read: adapters and weights are written there for it to load)."""
+        Options (the config's `generation` section): base_url, serve, serve_command, serve_args,
+        serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
+        there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
+        weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
         base_url = options.get("base_url")
-        if not base_url:
-            raise ValueError("generation.backend=openai needs generation.base_url (e.g. http://127.0.0.1:8000/v1)")
+        serve = bool(options.get("serve"))
+        if serve and base_url:
+            raise ValueError("generation.serve starts a server for the run: leave generation.base_url unset")
+        if not base_url and not serve:
+            raise ValueError("generation.backend=openai needs generation.base_url (e.g. http://127.0.0.1:8000/v1) "
+                             "or generation.serve=true")
         if setup.processes > 1:
             raise ValueError("generation.backend=openai serves one training process; run the trainer on one process")
-        backend = cls(
-            base_url,
-            options.get("served_model") or setup.model_name,
-            mode="tokens",
-            api_key_env=options.get("api_key_env", "OPENAI_API_KEY"),
-            vocab_size=len(tokenizer),
-            stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None),
-            max_concurrency=int(options.get("max_concurrency", 32)),
-            timeout_s=float(options.get("timeout_s", 300.0)),
-        )
+        served_model = options.get("served_model") or setup.model_name
+        server = _start_server(setup, options, served_model, keep_adapters=cls.keep_adapters) if serve else None
+        try:
+            backend = cls(
+                server.base_url if server is not None else base_url,
+                served_model,
+                mode="tokens",
+                api_key_env=options.get("api_key_env", "OPENAI_API_KEY"),
+                vocab_size=len(tokenizer),
+                stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None),
+                max_concurrency=int(options.get("max_concurrency", 32)),
+                timeout_s=float(options.get("timeout_s", 300.0)),
+            )
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        backend.server = server
         backend.weights_dir = options.get("weights_dir")
         return backend
 
+    server: Any = None  # the VLLMServer this backend started (generation.serve), stopped by close()
     weights_dir: str | None = None
     # Adapters kept loaded on the server: the current one and the one before it (an overlapped
     # collection may still be sampling from it).
@@ -359,8 +374,40 @@ class OpenAIBackend(Backend):
         return reply
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._client.close()
+        try:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._client.close()
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+
+def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: str, *, keep_adapters: int) -> Any:
+    """`vllm serve` for the run, on the learner's initial weights; returns it once /health answers."""
+    import tempfile
+
+    from seeupo_gym.agents.backends.vllm import model_folder
+    from seeupo_gym.agents.backends.vllm_server import VLLMServer, free_port, serve_arguments, vllm_command
+
+    command = vllm_command(options.get("serve_command"))
+    port = free_port()
+    arguments = serve_arguments(
+        model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype,
+        seed=setup.seed, max_model_len=int(options.get("max_model_len") or setup.max_context_tokens),
+        # The new adapter is loaded before the oldest kept one is unloaded: one more slot.
+        lora_rank=setup.lora_rank, max_loras=keep_adapters + 1,
+    ) + (["--enforce-eager"] if options.get("enforce_eager") else [])
+    # LoRA runs hot-load an adapter per version; full fine-tuning reloads weights through the dev routes.
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if setup.lora_rank is not None else {"VLLM_SERVER_DEV_MODE": "1"}
+    env.update({str(k): str(v) for k, v in (options.get("serve_env") or {}).items()})
+    run_dir = options.get("output_dir")
+    log_path = os.path.join(run_dir, "vllm-serve.log") if run_dir else os.path.join(tempfile.gettempdir(), f"seeupo-vllm-serve-{port}.log")
+    server = VLLMServer(
+        command, arguments + [str(a) for a in options.get("serve_args") or ()], env=env, log_path=log_path,
+        startup_timeout_s=float(options.get("serve_timeout_s", 900.0)), port=port,
+    )
+    server.start()
+    return server
 
 
 def _first_choice(reply: dict[str, Any]) -> dict[str, Any]:

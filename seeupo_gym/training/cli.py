@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
+from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
 from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, check_model_source
@@ -81,6 +82,9 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as error:  # a model or file that does not load: the cause, not a traceback
         print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except ServeError as error:  # generation.serve: the server did not come up (its log's tail follows)
+        print(f"seeupo-train: {error}", file=sys.stderr)
         return 2
     with trainer:
         records = trainer.train()

@@ -131,6 +131,17 @@ class GenerationConfig:
     # model.name_or_path); the env var holding its API key; requests in flight at once; a folder
     # the server can read, where each update's adapter (LoRA) or weights are written for it to load.
     base_url: str | None = None
+    # openai: start `vllm serve` for the run instead (127.0.0.1, a free port, the run's model, LoRA
+    # flags), stopped when the run ends; its output goes to <output_dir>/vllm-serve.log. The
+    # command: serve_command (e.g. [/opt/vllm/bin/vllm, serve]), else .venv-vllm's vLLM server module
+    # (`make vllm-cpu-venv`), else `vllm serve` from PATH; serve_args: more arguments (e.g. [--max-num-seqs,
+    # "16"]); serve_env: its environment variables (e.g. VLLM_CPU_KVCACHE_SPACE: "2"); serve_timeout_s:
+    # the deadline for its /health to answer (a CPU start takes about a minute).
+    serve: bool = False
+    serve_command: list[str] | None = None
+    serve_args: list[str] = field(default_factory=list)
+    serve_env: dict[str, str] = field(default_factory=dict)
+    serve_timeout_s: float = 900.0
     served_model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = 32
@@ -147,7 +158,7 @@ class GenerationConfig:
     tensor_parallel_size: int = 1
     # vllm: longest sequence the engine plans KV memory for; null: env.max_context_tokens.
     max_model_len: int | None = None
-    # vllm: CUDA graphs off (faster start, slower decoding).
+    # vllm (and the server of serve): CUDA graphs and torch.compile off (faster start, slower decoding).
     enforce_eager: bool = False
     # vllm: more `vllm.LLM` keyword arguments, passed as they are.
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -491,8 +502,7 @@ def _check_values(config: Config) -> None:
             f"generation.gpu_memory_utilization must be in (0, 1], got {config.generation.gpu_memory_utilization}"
         )
     positive("generation.max_concurrency", config.generation.max_concurrency)
-    if config.generation.backend == "openai" and not config.generation.base_url:
-        raise ConfigError("generation.backend is openai: set generation.base_url to your server, e.g. http://127.0.0.1:8000/v1")
+    _check_generation_server(config.generation)
     positive("env.num_envs", config.env.num_envs)
     positive("env.max_context_tokens", config.env.max_context_tokens)
     positive("model.max_tokens_per_microbatch", config.model.max_tokens_per_microbatch)
@@ -517,6 +527,23 @@ def _check_values(config: Config) -> None:
     for key, tasks in (("env.train_tasks", config.env.train_tasks), ("env.eval_tasks", config.env.eval_tasks)):
         if tasks is not None and not tasks:
             raise ConfigError(f"{key} is an empty list; give task ids or null for all of the env's tasks")
+
+
+def _check_generation_server(generation: GenerationConfig) -> None:
+    """generation.backend=openai needs exactly one server: the user's (base_url) or one started (serve)."""
+    if generation.serve and generation.backend != "openai":
+        raise ConfigError(f"generation.serve starts a server for generation.backend=openai; "
+                          f"generation.backend is {generation.backend}")
+    if generation.serve and generation.base_url:
+        raise ConfigError(f"generation.serve starts a server for the run and generation.base_url names one "
+                          f"({generation.base_url}): set only one")
+    if generation.backend == "openai" and not (generation.base_url or generation.serve):
+        raise ConfigError("generation.backend is openai: set generation.base_url to your server, e.g. "
+                          "http://127.0.0.1:8000/v1, or generation.serve=true to start one")
+    if not generation.serve_timeout_s > 0:
+        raise ConfigError(f"generation.serve_timeout_s must be > 0, got {generation.serve_timeout_s}")
+    if generation.serve_command is not None and not generation.serve_command:
+        raise ConfigError("generation.serve_command is an empty list; give the command (e.g. [vllm, serve]) or null")
 
 
 def _check_logprob_temperature(config: Config) -> None:

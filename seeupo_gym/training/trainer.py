@@ -171,15 +171,23 @@ class Trainer:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
         self.backend = self._make_backend()
-        self.agent = self._make_agent(env.kwargs)
-        self.last_env_errors = 0
-        self._overlap: OverlappedCollection | None = None  # train.max_staleness > 0: started at the first step
-        self.metrics_path = self.output_dir / ckpt.METRICS_FILE
-        self.rollout_log = RolloutLog(self.output_dir, self.tokenizer) if self.is_main and config.log.rollouts else None
-        if self._resume_path is not None:
-            self.resume(self._resume_path)
-        elif config.resume_from is not None:
-            logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
+        self.agent: Any = None
+        try:
+            self.agent = self._make_agent(env.kwargs)
+            self.last_env_errors = 0
+            self._overlap: OverlappedCollection | None = None  # train.max_staleness > 0: started at the first step
+            self.metrics_path = self.output_dir / ckpt.METRICS_FILE
+            self.rollout_log = RolloutLog(self.output_dir, self.tokenizer) if self.is_main and config.log.rollouts else None
+            if self._resume_path is not None:
+                self.resume(self._resume_path)
+            elif config.resume_from is not None:
+                logger.info("resume_from=latest: no checkpoint under %s, starting at step 0", self.checkpoint_root)
+        except BaseException:
+            # No `with` will close what is built so far (e.g. the server generation.serve started).
+            if self.agent is not None:
+                self.agent.close()
+            self.backend.close()
+            raise
 
     def _open_run_folder(self) -> tuple[str, Path | None]:
         """The run id and the checkpoint to resume (`checkpoint.open_run_folder`, which refuses to mix
@@ -220,7 +228,8 @@ class Trainer:
             max_context_tokens=config.env.max_context_tokens,
             processes=acc.num_processes,
             sharded=acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED),
-            options=dataclasses.asdict(config.generation),
+            # output_dir: the run folder, for the backend's own files (e.g. the log of a server it starts).
+            options={**dataclasses.asdict(config.generation), "output_dir": str(self.output_dir)},
         )
         try:
             return backend_class(config.generation.backend).for_training(acc.unwrap_model(self.model), self.tokenizer, setup)
