@@ -378,7 +378,9 @@ def test_an_owner_killed_mid_cell_leaves_no_process_and_its_folder_is_swept():
     assert not any(group.exists() for group in groups)
 
 
-@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "async"])  # sync: slow suite
+# Slow suite: staggered episodes through both vector envs, ~50 s; not a sandbox property.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode, pool):
     # One env ends an episode every step while the other is mid-episode: gymnasium merges
     # info per key, so a key that is a dict in one env and None in another would crash.

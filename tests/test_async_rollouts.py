@@ -72,6 +72,8 @@ def rollouts(batch):
     ]
 
 
+# Slow suite: a wall-time ratio, ~30 s; the schedules' equality and crash handling stay.
+@pytest.mark.slow
 def test_per_episode_takes_at_most_07x_lockstep_wall_with_slow_cells_added_by_a_sleeping_wrapper(tiny):
     collect(tiny, "per_episode", seed=0, factory=slow_bandit, tasks=[None])  # warm-up
     walls = {"lockstep": [], "per_episode": []}

@@ -65,6 +65,8 @@ def test_bfcl_ground_truth_over_a_served_env_scores_one():
             instance._close()
 
 
+# Slow suite: a server start for a task list, ~10 s.
+@pytest.mark.slow
 def test_the_dataset_of_a_served_env_is_the_servers_task_list():
     with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3", "action_format=tools") as served:
         _, dataset = made("seeupo/TurnBandit-v0", url=served.url, variant="follow", num_tasks=3)
@@ -74,6 +76,8 @@ def test_the_dataset_of_a_served_env_is_the_servers_task_list():
 # ------------------------------------------------------------------------------------ red team
 
 
+# Slow suite: a server start, ~10 s; kwargs compared by value are tested in test_openenv_serve.py.
+@pytest.mark.slow
 def test_a_server_that_serves_other_kwargs_is_refused_before_any_episode():
     with serving("seeupo/TurnBandit-v0", "variant=follow", "num_tasks=3", "action_format=tools") as served:
         with pytest.raises(ValueError, match="serves seeupo/TurnBandit-v0 with"):
