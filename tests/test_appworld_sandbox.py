@@ -203,6 +203,8 @@ def test_model_hashes_written_by_the_episode_cannot_hide_changes_from_the_grader
         assert [f["requirement"] for f in report["failures"]] == ["assert no model other than simple_note.Note changed."]
 
 
+# Slow suite: ~22 s of server restarts; error observations for bad cells stay in test_appworld.py.
+@pytest.mark.slow
 def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets(pool):
     env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool)
     try:
