@@ -137,3 +137,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def package_main(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """`main()` of an OpenEnv env package (envs/*/server/app.py): `seeupo-serve env_id key=value...`
+    with the command line's flags."""
+    main([env_id, *sys.argv[1:], *(f"{key}={value}" for key, value in env_kwargs.items())])

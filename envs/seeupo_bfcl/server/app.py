@@ -1,6 +1,7 @@
 """`seeupo/BFCL-v4-v0` in the tools format, as OpenEnv's `server.app:app` layout expects it; `main()` is
 `seeupo-serve seeupo/BFCL-v4-v0 action_format=tools` (the same bounds, token rule and flags)."""
 
+from seeupo_gym.integrations.openenv_cli import package_main
 from seeupo_gym.integrations.openenv_server import create_app
 
 ENV_ID = "seeupo/BFCL-v4-v0"
@@ -10,11 +11,7 @@ app = create_app(ENV_ID, ENV_KWARGS)
 
 
 def main() -> None:
-    import sys
-
-    from seeupo_gym.integrations.openenv_cli import main as serve
-
-    serve([ENV_ID, *sys.argv[1:], *(f"{key}={value}" for key, value in ENV_KWARGS.items())])
+    package_main(ENV_ID, ENV_KWARGS)
 
 
 if __name__ == "__main__":

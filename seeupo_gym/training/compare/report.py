@@ -78,15 +78,7 @@ def final_table(rows: Sequence[Row], k: int) -> str:
         ("s / train step", lambda r: r.step_seconds, lambda r: None, False, 1),
         ("of which update", lambda r: r.update_seconds, lambda r: None, False, 1),
     ]
-    lines = ["| algorithm | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    best = [_best([c[1](r) for r in rows], c[3]) for c in columns]
-    for i, row in enumerate(rows):
-        cells = []
-        for j, (_, value, sd, _, digits) in enumerate(columns):
-            text = _fmt(value(row), sd(row), digits)
-            cells.append(f"**{text}**" if i in best[j] else text)
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _bold_best_table("algorithm", columns, rows)
 
 
 def eval_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> str:
@@ -316,15 +308,7 @@ def model_table(rows: Sequence[ModelRow], k: int) -> str:
         ("s / eval", lambda r: r.eval_seconds, lambda r: None, False, 1),
         ("failed requests", lambda r: r.backend_errors, lambda r: None, None, 0),
     ]
-    lines = ["| model | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    best = [_best([c[1](r) for r in rows], c[3]) if c[3] is not None else set() for c in columns]
-    for i, row in enumerate(rows):
-        cells = []
-        for j, (_, value, sd, _, digits) in enumerate(columns):
-            text = _fmt(value(row), sd(row), digits)
-            cells.append(f"**{text}**" if i in best[j] else text)
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _bold_best_table("model", columns, rows)
 
 
 def model_seed_table(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int) -> str:
@@ -400,3 +384,17 @@ def write_models_report(folder: Path, info: dict[str, Any], records: list[dict[s
                "models": {row.label: dataclasses.asdict(row) for row in rows}}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return folder / "report.md"
+
+
+def _bold_best_table(first: str, columns: Sequence[tuple], rows: Sequence[Any]) -> str:
+    """A markdown table of `rows` under (header, value, sd, best rule or None, digits) columns, the
+    best value of each ruled column in bold."""
+    lines = [f"| {first} | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    best = [_best([c[1](r) for r in rows], c[3]) if c[3] is not None else set() for c in columns]
+    for i, row in enumerate(rows):
+        cells = []
+        for j, (_, value, sd, _, digits) in enumerate(columns):
+            text = _fmt(value(row), sd(row), digits)
+            cells.append(f"**{text}**" if i in best[j] else text)
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
