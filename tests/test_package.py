@@ -12,6 +12,18 @@ def test_importing_seeupo_gym_pulls_in_nothing_heavy():
     assert out.stdout.strip() == ""
 
 
+def test_serving_imports_neither_torch_nor_openenvs_web_playground_and_leaves_gradio_importable():
+    # A served env's process starts with these imports; openenv's gradio playground alone took 9 s.
+    code = (
+        "import sys, seeupo_gym.integrations.openenv_server\n"
+        "heavy = [m for m in ('torch', 'transformers', 'gradio') if m in sys.modules]\n"
+        "import gradio\n"
+        "print(','.join(heavy) + '|' + gradio.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "|gradio"
+
+
 def test_the_three_layers_import_under_the_seeupo_gym_namespace():
     subprocess.run([sys.executable, "-c", "import seeupo_gym.agents, seeupo_gym.training.trainer"], check=True)
 

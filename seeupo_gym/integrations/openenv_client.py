@@ -16,6 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from seeupo_gym.integrations import import_openenv_core
+
+import_openenv_core()  # before any openenv import: skips its web playground
+
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from openenv.core.env_server.mcp_types import Tool

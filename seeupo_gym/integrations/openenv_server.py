@@ -63,6 +63,10 @@ from fastmcp.exceptions import ToolError
 from fastmcp.tools import Tool as MCPTool
 from fastmcp.tools import ToolResult as MCPToolResult
 from mcp.types import TextContent
+
+# First of the openenv imports: the client module imports openenv.core without its web playground.
+from seeupo_gym.integrations.openenv_client import ActionShapeError, ResponseAction, SeeupoState, TextObservation
+
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_environment import MCPEnvironment
@@ -70,7 +74,6 @@ from openenv.core.env_server.mcp_types import RESERVED_TOOL_NAMES, CallToolActio
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 from pydantic import PrivateAttr
 
-from seeupo_gym.integrations.openenv_client import ActionShapeError, ResponseAction, SeeupoState, TextObservation
 from seeupo_gym.text import valid_unicode
 from seeupo_gym.tools import END_TURN_SCHEMA, END_TURN_TOOL, plain_reply, render_tool_calls, step_tool_result
 
