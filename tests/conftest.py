@@ -3,6 +3,11 @@ import os
 import pytest
 import torch
 
+from seeupo_gym.integrations import import_openenv_core
+
+# Tests import openenv directly too: do it once, the way our servers and clients do (no web playground).
+import_openenv_core()
+
 # Under pytest-xdist (`make test` runs two workers on a 2-core machine) each worker gets its share of
 # the cores, in its own torch and in the processes it starts: oversubscribed torch threads spin.
 if os.environ.get("PYTEST_XDIST_WORKER"):
