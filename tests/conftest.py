@@ -1,19 +1,23 @@
 import os
 
 import pytest
-import torch
 
-from seeupo_gym.integrations import import_openenv_core
 
-# Tests import openenv directly too: do it once, the way our servers and clients do (no web playground).
-import_openenv_core()
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the pytest-xdist controller runs no test: its workers start sooner without these imports
+    import torch
 
-# Under pytest-xdist (`make test` runs two workers on a 2-core machine) each worker gets its share of
-# the cores, in its own torch and in the processes it starts: oversubscribed torch threads spin.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    os.environ["OMP_NUM_THREADS"] = str(_share)
-    torch.set_num_threads(_share)
+    from seeupo_gym.integrations import import_openenv_core
+
+    # Under pytest-xdist (`make test` runs two workers on a 2-core machine) each worker gets its share
+    # of the cores, in its own torch and in the processes it starts: oversubscribed torch threads spin.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)
+    # Tests import openenv directly too: once, the way our servers and clients do (no web playground).
+    import_openenv_core()
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -42,6 +46,8 @@ def pytest_collection_modifyitems(config, items):
 def one_torch_thread():
     # The tiny model's ops are too small to gain from threads; on a shared 2-core machine the
     # threads' spin-waiting made these tests several times slower.
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
