@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
@@ -39,11 +39,13 @@ MAX_CONTEXT_TOKENS = 32768  # the model's window: long_context's observations ar
 class TurnBudget(gym.Wrapper):
     """Ends a user turn with the scripted closer after `k` model responses that did not end it.
     The closer is stepped here, so the agent sees one step; `info["responses"]` lists every
-    response of the episode as (text, scripted)."""
+    response of the episode as (text, scripted); `on_end(task_id, responses, reward, end)` is
+    called as an episode ends."""
 
-    def __init__(self, env: gym.Env, k: int, log: bool = False) -> None:
+    def __init__(self, env: gym.Env, k: int, on_end: Callable[..., None] | None = None, log: bool = False) -> None:
         super().__init__(env)
         self.k = k
+        self.on_end = on_end
         self.log = log
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -66,43 +68,52 @@ class TurnBudget(gym.Wrapper):
         observation, reward, terminated, truncated, info = outcome
         self._user_turn = info["user_turn"]
         if self.log:
-            print(f"  {info['task_id']} step {len(self._responses)} at {time.perf_counter() - self._start:.0f} s: {action[:80]!r}",
-                  file=sys.stderr, flush=True)
+            print(f"  {info['task_id']} response {len(self._responses)} at {time.perf_counter() - self._start:.0f} s: "
+                  f"{action[:80]!r}", file=sys.stderr, flush=True)
+        if (terminated or truncated) and self.on_end is not None:
+            self.on_end(info["task_id"], list(self._responses), float(reward), "terminated" if terminated else "truncated")
         return observation, reward, terminated, truncated, {**info, "responses": list(self._responses)}
 
 
-def record(trajectory: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+def record(task_id: str, responses: Sequence[tuple[str, bool]], reward: float, end: str | None,
+           settings: dict[str, Any]) -> dict[str, Any]:
     """One fixture line: the episode's responses, closers marked, and how they were made."""
-    info = trajectory.info
-    responses = info.get("env_info", {}).get("responses", [])
     return {
-        "task_id": trajectory.task_id,
+        "task_id": task_id,
         "responses": [{"text": text, "scripted": True} if scripted else {"text": text} for text, scripted in responses],
-        "reward": trajectory.reward,
-        "end": info.get("end"),
+        "reward": reward,
+        "end": end,
         "model": MODEL,
-        "sampling": sampling,
+        "sampling": settings,
         "env_kwargs": ENV_KWARGS,
         "made_by": f"scripts/bfcl_parity_responses.py v{VERSION}",
     }
 
 
 def generate(task_ids: Sequence[str], backend: Any, tokenizer: Any, *, max_new_tokens: int = MAX_NEW_TOKENS,
-             k: int = RESPONSES_PER_TURN, num_envs: int = 1, log: bool = False) -> list[dict[str, Any]]:
-    """The fixture lines of `task_ids`: greedy episodes of `backend`'s model under the turn budget."""
+             k: int = RESPONSES_PER_TURN, num_envs: int = 1, on_line: Callable[[dict], None] | None = None,
+             log: bool = False) -> list[dict[str, Any]]:
+    """The fixture lines of `task_ids` (`on_line` gets each as its episode ends): greedy episodes of
+    `backend`'s model under the turn budget, `num_envs` at once (their decoding batched)."""
     from seeupo_gym.agents.backends import SamplingParams
     from seeupo_gym.agents.vector import VectorAgent
     from seeupo_gym.bfcl.env import BFCLEnv
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     settings = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "responses_per_turn": k}
+
+    def on_end(task_id: str, responses: list, reward: float, end: str) -> None:
+        if on_line is not None:
+            on_line(record(task_id, responses, reward, end, settings))
+
     agent = VectorAgent(
         "seeupo/BFCL-v4-v0", backend, tokenizer, num_envs=num_envs, sampling=sampling,
-        max_context_tokens=MAX_CONTEXT_TOKENS, env_factory=lambda: TurnBudget(BFCLEnv(**ENV_KWARGS), k, log),
+        max_context_tokens=MAX_CONTEXT_TOKENS, env_factory=lambda: TurnBudget(BFCLEnv(**ENV_KWARGS), k, on_end, log),
     )
     with agent:
         batch = agent.collect(list(task_ids), group_size=1, seed=0)
-    return [record(trajectory, settings) for trajectory in batch.trajectories]
+    return [record(t.task_id, t.info.get("env_info", {}).get("responses", []), t.reward, t.info.get("end"), settings)
+            for t in batch.trajectories]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,18 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     backend = HFBackend(model, tokenizer)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    for chunk in range(0, len(tasks), args.num_envs):  # chunk by chunk, so an interrupted run keeps what it made
-        tick = time.perf_counter()
-        made = generate(tasks[chunk : chunk + args.num_envs], backend, tokenizer, max_new_tokens=args.max_new_tokens,
-                        k=args.responses_per_turn, num_envs=args.num_envs, log=True)
-        lines += made
-        order = {task_id: index for index, task_id in enumerate(ENTRIES)}
-        lines.sort(key=lambda line: order.get(line["task_id"], len(order)))
-        out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
-        for line in made:
-            print(f"{line['task_id']}: {len(line['responses'])} responses ({sum('scripted' in r for r in line['responses'])} "
-                  f"closers), reward {line['reward']}, end {line['end']}", file=sys.stderr, flush=True)
-        print(f"chunk of {len(made)} in {time.perf_counter() - tick:.0f} s", file=sys.stderr, flush=True)
+    order = {task_id: index for index, task_id in enumerate(ENTRIES)}
+
+    def save(line: dict[str, Any]) -> None:  # as each episode ends, so an interrupted run keeps what it made
+        lines.append(line)
+        lines.sort(key=lambda item: order.get(item["task_id"], len(order)))
+        out.write_text("".join(json.dumps(item, ensure_ascii=False) + "\n" for item in lines))
+        print(f"{line['task_id']}: {len(line['responses'])} responses ({sum('scripted' in r for r in line['responses'])} "
+              f"closers), reward {line['reward']}, {line['end']}, at {time.perf_counter() - start:.0f} s",
+              file=sys.stderr, flush=True)
+
+    generate(tasks, backend, tokenizer, max_new_tokens=args.max_new_tokens, k=args.responses_per_turn,
+             num_envs=args.num_envs, on_line=save, log=True)
     print(f"{len(tasks)} entries in {time.perf_counter() - start:.0f} s -> {out}", file=sys.stderr)
     return 0
 

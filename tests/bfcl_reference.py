@@ -102,6 +102,35 @@ def runner_verdicts(records: list[dict]) -> list[tuple[bool, str, int]]:
     return [verdicts[record["id"]] for record in records]
 
 
+def raw_verdicts(records: list[dict]) -> list[tuple[bool, str, int] | None]:
+    """bfcl-eval's runner on result records that hold the model's raw texts (as its own inference
+    writes them): `runner_verdicts`, where every step is `evaluable` and every decoded call is a
+    function of the entry's backends with literal arguments (so its checker's `eval` runs only
+    those methods); None for a record that is not (its checker never sees it)."""
+    from seeupo_gym.bfcl.calls import ActionError, parse_call_list
+    from seeupo_gym.bfcl.data import function_docs, get_entry
+
+    decode, _ = _prompting_decoder()
+    safe = []
+    for record in records:
+        names = {doc.name for class_name in get_entry(record["id"]).involved_classes for doc in function_docs()[class_name]}
+        try:
+            for output in (output for turn in record["result"] for output in turn):
+                if not evaluable(output):
+                    raise ActionError("bfcl's decoder would eval it")
+                try:
+                    calls = decode(output)
+                except Exception:  # noqa: BLE001  skipped by bfcl's runner
+                    continue
+                if not all(call.name in names for call in parse_call_list("[" + ", ".join(calls) + "]")):
+                    raise ActionError("a call to no function of the entry")
+            safe.append(record)
+        except ActionError:
+            continue
+    judged = dict(zip([r["id"] for r in safe], runner_verdicts(safe)))
+    return [judged.get(record["id"]) for record in records]
+
+
 def bfcl_decodings(texts: list[str]) -> list[list[str] | None]:
     """bfcl-eval's own decoding of prompting-format outputs (`default_decode_execute_prompting`, what
     its eval runner applies to each step of a result file): the call strings, or None where it

@@ -1,23 +1,38 @@
 """Leaderboard parity: what our env scores equals bfcl-eval's own evaluation of the same responses.
 
-`seeupo-eval --export-bfcl DIR` writes the episodes as bfcl-eval result files; bfcl-eval's
-multi_turn_checker (in a spawned process: it `eval`s call strings) then scores those files, after
-the decoding its prompting handlers apply (the `[f(a=1), ...]` list parsed with `ast`, each call
-unparsed). Responses come from a scripted model server (the ground truth, or answers made wrong
-in bfcl's own ways); the slow test uses the embedded model's own responses.
+`seeupo-eval --export-bfcl DIR` writes the episodes as bfcl-eval result files; bfcl-eval's own
+runner logic (`bfcl_reference.runner_verdicts`, in a spawned process: its checker `eval`s call
+strings) then scores those files: force-terminated results fail, each step goes through its
+prompting decoder, its multi_turn_checker judges the decoded calls.
+
+Responses are played by a scripted OpenAI-compatible server (tests/openai_server.py) through
+`seeupo-eval --base-url`: the ground truth or answers made wrong in bfcl's own ways (tools
+format), and the embedded model's own responses (ReAct format, its raw text), replayed from
+tests/data/bfcl_embedded_responses.jsonl. That fixture holds 10 entries of each multi-turn
+category, answered greedily by the embedded model through our agent (VectorAgent, HFBackend) with
+one response per user turn and a scripted "Done." closing a turn the model left open, so each
+entry reaches its last user turn and bfcl's checker judges it. Regenerate it (about 45 min on
+2 busy CPU cores) with
+
+    OMP_NUM_THREADS=2 nice -n 19 python scripts/bfcl_parity_responses.py
+
+then update FIXTURE_PASSES and DECODING_KINDS from the failing assertions. The slow test runs the
+same generation live on one entry per category.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from bfcl_reference import reference_process, runner_verdicts, variants
+from bfcl_reference import bfcl_decodings, evaluable, raw_verdicts, reference_process, runner_verdicts, variants
 from test_openai_backend import _start
 
+from seeupo_gym.bfcl.calls import Call
 from seeupo_gym.bfcl.data import category_of, get_entry
 from seeupo_gym.training.cli import eval_main
 
@@ -25,6 +40,8 @@ FIXTURE = Path(__file__).with_name("data") / "bfcl_embedded_responses.jsonl"
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bfcl_parity_responses.py"
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FIXTURE_PASSES = 0  # of the fixture's 40 entries, by both evaluators
+RAW_JUDGED = 0  # of the fixture's entries, those bfcl's runner may read from the raw texts
+DECODING_KINDS: dict[str, int] = {}  # the fixture's model responses, by how bfcl's decoder reads them
 WRONG = ["last call left out", "first turn skipped", "first call repeated", "last turn reversed"]
 
 
@@ -138,6 +155,71 @@ def test_our_scores_equal_bfcl_evals_own_on_the_embedded_models_replayed_respons
     # The checker judged all of them: every entry reached its last user turn (the closers' doing).
     assert [error for _, error, _ in official.values()].count("multi_turn:force_terminated") == 0
     assert sum(valid for valid, _, _ in official.values()) == FIXTURE_PASSES
+
+
+def _same_calls(ours: list[str], theirs: list[str]) -> bool:
+    return [ast.dump(ast.parse(call)) for call in ours] == [ast.dump(ast.parse(call)) for call in theirs]
+
+
+def test_bfcls_decoder_reads_the_embedded_models_responses_as_our_parser_does_but_positional_arguments(tmp_path):
+    """bfcl-eval's prompting decoder on each model response (the text after any think block, as its
+    handlers pass a reasoning model's output on) against our parser. Where they differ, our env's
+    reading is the one the prompt asks for; the counts are the fixture's."""
+    from seeupo_gym.bfcl.calls import decode_response
+    from seeupo_gym.templates import ReActTemplate
+
+    responses = [r["text"] for line in _fixture() for r in line["responses"] if not r.get("scripted")]
+    actions = [ReActTemplate().parse(text).action for text in responses]
+    safe = [evaluable(action) for action in actions]
+    with reference_process() as pool:
+        decoded = iter(pool.submit(bfcl_decodings, [a for a, ok in zip(actions, safe) if ok]).result())
+    kinds: Counter[str] = Counter()
+    for text, ok in zip(responses, safe):
+        ours = decode_response(text)
+        mine = [call.source for call in ours.calls]
+        if not ok:  # arithmetic among the arguments (`mv(workspace/log.txt)`): bfcl's decoder would eval it
+            assert ours.kind != "calls"  # our parser refuses it (literals only)
+            kinds["bfcl would eval; we refuse"] += 1
+            continue
+        theirs = next(decoded) or []
+        if _same_calls(mine, theirs):
+            kinds["same"] += 1
+        elif ours.kind == "calls" and any(call.args for call in ours.calls):
+            # `mv('log.txt', 'archive')`: bfcl keeps keyword arguments only (`mv()`), we pass them
+            # positionally as written (and name them in exported result files).
+            assert _same_calls([Call(call.name, (), call.kwargs).source for call in ours.calls], theirs)
+            kinds["positional arguments: bfcl drops them"] += 1
+        else:
+            # A bare name (`cd(workspace)`): we refuse the call list; bfcl drops it as a positional
+            # argument, or reads it as a string when passed by name.
+            assert ours.kind == "error" and "bare name" in (ours.error or ""), (text, ours, theirs)
+            kinds["bare name: we refuse, bfcl decodes"] += 1
+    assert kinds == DECODING_KINDS
+
+
+def test_bfcl_evals_verdicts_on_the_embedded_models_raw_texts_equal_our_scores():
+    """bfcl's runner reading the model's raw texts itself (not our exported calls), each response in
+    the user turn our env gave it; where its decoder may see them and its checker then runs only
+    the entry's own functions on literal arguments (`raw_verdicts`)."""
+    from seeupo_gym.bfcl.env import BFCLEnv
+    from seeupo_gym.templates import ReActTemplate
+
+    records, ours = [], {}
+    for line in _fixture():
+        env = BFCLEnv(**line["env_kwargs"])
+        _, info = env.reset(options={"task_id": line["task_id"]})
+        turns: list[list[str]] = [[] for _ in range(info["num_user_turns"])]
+        for response in line["responses"]:
+            turn = info["user_turn"]
+            _, reward, _, _, info = env.step(response["text"])
+            turns[turn].append(ReActTemplate().parse(response["text"]).action)
+        records.append({"id": line["task_id"], "result": turns})
+        ours[line["task_id"]] = reward
+    with reference_process() as pool:
+        verdicts = pool.submit(raw_verdicts, records).result()
+    judged = {record["id"]: verdict for record, verdict in zip(records, verdicts) if verdict is not None}
+    assert {task_id: valid for task_id, (valid, _, _) in judged.items()} == {task_id: ours[task_id] == 1.0 for task_id in judged}
+    assert len(judged) == RAW_JUDGED
 
 
 @pytest.mark.slow
