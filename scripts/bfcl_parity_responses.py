@@ -8,6 +8,11 @@ Every entry reaches all its user turns, so bfcl-eval's checker judges every one:
 give `RESPONSES_PER_TURN` responses per user turn (a response that ends the turn, plain text,
 ends it early); when it is still calling functions after them, a scripted closer ("Done.",
 plain text) ends the turn. One JSON line per entry: its responses in order, the closers marked.
+
+Cost (2 shared CPU cores, niced, load average 2-4.5): about 1 s per decoded token and 100 s per
+fresh ~2,850-token prompt, so one response per user turn and 64 new tokens (a call list takes
+10-30; the model's prose answers are cut, and end the turn all the same): the 40 entries took
+31 min with 8 episodes decoded together.
 """
 
 from __future__ import annotations

@@ -40,8 +40,10 @@ FIXTURE = Path(__file__).with_name("data") / "bfcl_embedded_responses.jsonl"
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bfcl_parity_responses.py"
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FIXTURE_PASSES = 0  # of the fixture's 40 entries, by both evaluators
-RAW_JUDGED = 0  # of the fixture's entries, those bfcl's runner may read from the raw texts
-DECODING_KINDS: dict[str, int] = {}  # the fixture's model responses, by how bfcl's decoder reads them
+RAW_JUDGED = 38  # of the fixture's entries, those bfcl's runner may read from the raw texts
+# The fixture's 168 model responses, by how bfcl's decoder reads them against our parser.
+DECODING_KINDS = {"same": 148, "positional arguments: bfcl drops them": 13, "bfcl would eval; we refuse": 4,
+                  "bare name: we refuse, bfcl decodes": 3}
 WRONG = ["last call left out", "first turn skipped", "first call repeated", "last turn reversed"]
 
 
@@ -101,8 +103,7 @@ def _verdicts_agree(folder: Path, rollouts: list[dict]) -> dict[str, tuple[bool,
 
 
 def test_our_scores_equal_bfcl_evals_own_on_the_exported_result_files(tmp_path):
-    entries = [f"multi_turn_{category}_{index}" for category in ("base", "miss_func", "miss_param", "long_context")
-               for index in (0, 1)]
+    entries = [f"multi_turn_{category}_{index}" for category in CATEGORIES for index in (0, 1)]
     replies, truth = {}, set()
     for number, task_id in enumerate(entries):
         cases = variants(get_entry(task_id).ground_truth)
@@ -111,9 +112,10 @@ def test_our_scores_equal_bfcl_evals_own_on_the_exported_result_files(tmp_path):
         replies[task_id] = _script(task_id, cases[name])
     rollouts = _replay(tmp_path, replies, {"action_format": "tools", "split": "all", "max_turns": 20})
     rewards = {r["task_id"]: r["reward"] for r in rollouts}
-    # Every ground-truth replay passes; of the wrong ones, a repeated first call (miss_param_1's `cd`)
-    # and a reversed last turn (long_context_1's is one call) leave the same state and pass too: both verdicts
-    # are exercised, each entry on its own script.
+    # Each entry plays its own script (one marker per category run: a shared marker once played one
+    # entry's script for all four categories). Every ground truth passes; of the wrong answers, a
+    # repeated first call (miss_param_1's `ls(a=True)`) and a reversed one-call last turn
+    # (long_context_1's) change nothing and pass too; the other two fail.
     passing = truth | {"multi_turn_miss_param_1", "multi_turn_long_context_1"}
     assert rewards == {task_id: float(task_id in passing) for task_id in entries}
     assert len(list((tmp_path / "bfcl" / "rollout-0").glob("*_result.json"))) == 4  # one file per category
@@ -142,6 +144,17 @@ def _fixture() -> list[dict]:
     return [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
 
 
+def _our_error_type(line: dict) -> str:
+    """Our env's verdict reason on a fixture line, its responses replayed in process."""
+    from seeupo_gym.bfcl.env import BFCLEnv
+
+    env = BFCLEnv(**line["env_kwargs"])
+    env.reset(options={"task_id": line["task_id"]})
+    for response in line["responses"]:
+        *_, info = env.step(response["text"])
+    return info["error_type"]
+
+
 def test_our_scores_equal_bfcl_evals_own_on_the_embedded_models_replayed_responses(tmp_path):
     lines = _fixture()
     assert Counter(category_of(line["task_id"]) for line in lines) == {category: 10 for category in CATEGORIES}
@@ -152,8 +165,12 @@ def test_our_scores_equal_bfcl_evals_own_on_the_embedded_models_replayed_respons
         assert played[line["task_id"]]["actions"] == [response["text"] for response in line["responses"]]
         assert played[line["task_id"]]["reward"] == line["reward"]
     official = _verdicts_agree(tmp_path / "bfcl", rollouts)
-    # The checker judged all of them: every entry reached its last user turn (the closers' doing).
+    # The checker judged all of them: every entry reached its last user turn (the closers' doing),
+    # and it fails each for the reason our env gives (the small model leaves a turn without a call
+    # that ran: `multi_turn:empty_turn_model_response`).
     assert [error for _, error, _ in official.values()].count("multi_turn:force_terminated") == 0
+    assert {task_id: error for task_id, (_, error, _) in official.items()} == {
+        line["task_id"]: _our_error_type(line) for line in lines}
     assert sum(valid for valid, _, _ in official.values()) == FIXTURE_PASSES
 
 
