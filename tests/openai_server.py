@@ -8,8 +8,8 @@
   list of replies `{"content": ..., "tool_calls": [[name, arguments], ...]}`; the reply for a
   conversation is the one under the marker its first user message contains, indexed by the
   number of assistant messages so far; markers may be grouped under a served model name, an
-  object of markers, for conversations whose first user messages are alike), else samples from the tiny model through its chat
-  template and returns the text.
+  object of markers, for conversations whose first user messages are alike), else samples
+  from the tiny model through its chat template and returns the text.
 - `POST /control {"fault": F, "count": N}` makes the next N model requests misbehave: "429",
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
   the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).

@@ -255,11 +255,11 @@ class EpisodeBackend:
         method = self._methods.get(call.name)
         if method is None or not call.args:
             return call
-        parameters = inspect.signature(method).parameters
-        if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in parameters.values()):
+        signature = inspect.signature(method)
+        if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in signature.parameters.values()):
             return call
         try:
-            bound = inspect.signature(method).bind(*call.args, **dict(call.kwargs))
+            bound = signature.bind(*call.args, **dict(call.kwargs))
         except TypeError:
             return call  # it failed when it ran, with the method's own error
         return Call(name=call.name, kwargs=tuple(bound.arguments.items()))
