@@ -10,9 +10,10 @@ ends it early); when it is still calling functions after them, a scripted closer
 plain text) ends the turn. One JSON line per entry: its responses in order, the closers marked.
 
 Cost (2 shared CPU cores, niced, load average 2-4.5): about 1 s per decoded token and 100 s per
-fresh ~2,850-token prompt, so one response per user turn and 64 new tokens (a call list takes
-10-30; the model's prose answers are cut, and end the turn all the same): the 40 entries took
-31 min with 8 episodes decoded together.
+fresh ~2,850-token prompt, so one response per user turn and 64 new tokens: the model's call
+lists take 6-20; of its 168 responses, 53 prose answers are cut (they end the turn all the same)
+and 14 are cut inside an unclosed <think> block. The 40 entries took 31 min, 8 episodes decoded
+together.
 """
 
 from __future__ import annotations
