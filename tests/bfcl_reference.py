@@ -57,9 +57,9 @@ def official_verdicts(cases: list[tuple[str, Steps]], failing_turn: bool = True)
 def _prompting_decoder() -> tuple[Callable[[str], list[str]], Callable[[list], bool]]:
     """bfcl-eval's prompting decoder and its empty-response test, imported in this (spawned) process.
     Importing them creates bfcl's result folders under BFCL_PROJECT_ROOT (site-packages unless
-    set: a temporary folder here), and imports its Java and JavaScript parsers, which need
+    set: one in the temporary folder here), and imports its Java and JavaScript parsers, which need
     tree_sitter, not installed: stand-ins take their place (the Python decoder never calls them)."""
-    os.environ.setdefault("BFCL_PROJECT_ROOT", tempfile.mkdtemp(prefix="bfcl-reference-"))
+    os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seeupo-bfcl-reference"))
     for module, function in (("java_parser", "parse_java_function_call"), ("js_parser", "parse_javascript_function_call")):
         name = f"bfcl_eval.model_handler.parser.{module}"
         if name not in sys.modules and importlib.util.find_spec("tree_sitter") is None:
