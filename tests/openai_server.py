@@ -7,8 +7,9 @@
 - `/v1/chat/completions` answers from a script when one is given (a JSON object: marker ->
   list of replies `{"content": ..., "tool_calls": [[name, arguments], ...]}`; the reply for a
   conversation is the one under the marker its first user message contains, indexed by the
-  number of assistant messages so far), else samples from the tiny model through its chat
-  template and returns the text.
+  number of assistant messages so far; markers may be grouped under a served model name, an
+  object of markers, for conversations whose first user messages are alike), else samples
+  from the tiny model through its chat template and returns the text.
 - `POST /control {"fault": F, "count": N}` makes the next N model requests misbehave: "429",
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
   the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).
@@ -180,7 +181,10 @@ async def chat(request: Request) -> Response:
     if STATE["script"] is not None:
         first_user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
         turn = sum(m.get("role") == "assistant" for m in messages)
-        replies = next((r for marker, r in STATE["script"].items() if marker in first_user), [])
+        script = STATE["script"]
+        if isinstance(script.get(data.get("model")), dict):  # markers under the requested model's name
+            script = script[data["model"]]
+        replies = next((r for marker, r in script.items() if marker in first_user), [])
         reply = replies[turn] if turn < len(replies) else {"content": "Done."}
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
         if reply.get("tool_calls"):

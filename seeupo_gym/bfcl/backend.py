@@ -248,6 +248,22 @@ class EpisodeBackend:
             if number is not None and not abs(number) <= limit:  # also NaN and infinities
                 raise ActionError(f"{call.name}: {param} must be at most {limit:g} in absolute value")
 
+    def named(self, call: Call) -> Call:
+        """The call with its positional arguments passed by name (the method's own parameter names),
+        which runs the same; unchanged when they do not bind. bfcl-eval's decoder of call strings
+        keeps keyword arguments only, so result files must hold these."""
+        method = self._methods.get(call.name)
+        if method is None or not call.args:
+            return call
+        signature = inspect.signature(method)
+        if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in signature.parameters.values()):
+            return call
+        try:
+            bound = signature.bind(*call.args, **dict(call.kwargs))
+        except TypeError:
+            return call  # it failed when it ran, with the method's own error
+        return Call(name=call.name, kwargs=tuple(bound.arguments.items()))
+
     def execute_within(self, calls: tuple[Call, ...], seconds: float) -> list[str]:
         """Run checked calls in order, starting none after `seconds` of wall time: the results of
         the calls that ran (a prefix). Each call is cheap by the argument bounds and the file

@@ -266,10 +266,12 @@ class BFCLEnv(gym.Env[str, str]):
     @property
     def calls_per_turn(self) -> list[list[list[str]]]:
         """The calls that ran, as bfcl-eval's result files hold them: per user turn that ended, per
-        response, the call strings (rebuilt from validated values, never the model's text). A turn
-        still open (a truncated episode) is left out, as BFCL's inference leaves out a turn it
-        force-terminated."""
-        return [[[call.source for call in calls] for calls in turn] for turn in self._calls_per_turn[: self._user_turn]]
+        response, the call strings (rebuilt from validated values, never the model's text), every
+        argument by name (bfcl's decoder drops positional ones). A turn still open (a truncated
+        episode) is left out, as BFCL's inference leaves out a turn it force-terminated."""
+        backend = self._backend
+        assert backend is not None
+        return [[[backend.named(call).source for call in calls] for calls in turn] for turn in self._calls_per_turn[: self._user_turn]]
 
     @property
     def visible_tools(self) -> list[dict[str, Any]]:
