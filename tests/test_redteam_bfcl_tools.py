@@ -351,3 +351,29 @@ def test_hostile_argument_names_sent_to_seeupo_serve_run_nothing_there_and_a_sec
             bystander.close()
         assert served.process.poll() is None
     assert not sentinel.exists()
+
+
+def test_exported_calls_with_hostile_positional_values_are_literal_keyword_calls(tmp_path):
+    # The export names positional arguments (`EpisodeBackend.named`) in strings bfcl-eval's checker
+    # `eval`s: whatever a value holds, each exported call must be name(param=literal, ...).
+    import ast
+
+    from seeupo_gym.bfcl.data import function_docs
+
+    write = f"open({str(tmp_path / 'SENTINEL')!r}, 'w').close()"
+    hostile = [f"') or {write} or ('", f'") or {write} or ("', "\\')\n" + write, "a" * 2_000]
+    env = gym.make("seeupo/BFCL-v4-v0", categories=["base"], split="all", max_turns=1_000)
+    env.reset(options={"task_id": TASK})
+    env.step(render_action([f"mkdir({value!r})" for value in hostile] + [f"cd({hostile[0]!r})"]))
+    env.step(render_turn_end())
+    exported = env.unwrapped.calls_per_turn[0]
+    params = {doc.name: set(doc.parameters["properties"]) for name in get_entry(TASK).involved_classes
+              for doc in function_docs()[name]}
+    assert [call for step in exported for call in step][:1] == [f"mkdir(dir_name={hostile[0]!r})"]
+    for call in (call for step in exported for call in step):
+        node = ast.parse(call, mode="eval").body
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args, call
+        assert {k.arg for k in node.keywords} <= params[node.func.id], call
+        for keyword in node.keywords:
+            ast.literal_eval(keyword.value)
+    assert not (tmp_path / "SENTINEL").exists()

@@ -135,11 +135,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(0)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def package_main(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """`main()` of an OpenEnv env package (envs/*/server/app.py): `seeupo-serve env_id key=value...`
     with the command line's flags."""
     main([env_id, *sys.argv[1:], *(f"{key}={value}" for key, value in env_kwargs.items())])
+
+
+if __name__ == "__main__":
+    main()
