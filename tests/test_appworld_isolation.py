@@ -462,6 +462,229 @@ def test_locks_model_code_takes_exclude_nothing_and_sqlite_still_reads_the_tasks
     assert lines[0] == "taken" and all(line.endswith("refused") for line in lines[1:]), output
 
 
+# Global kernel counters: a sandbox busy with memory, scratch files, CPU, processes and Unix
+# sockets, while another sandbox reads every file under /proc and /sys it can (a bounded
+# read each) before and during that activity.
+# AppWorld fakes `time` in cells (a frozen clock, a disabled sleep): the kernel's clock instead.
+CLOCK = """
+class Timespec(C.Structure):
+    _fields_ = [('s', C.c_long), ('ns', C.c_long)]
+def now(ts=Timespec()):
+    libc.clock_gettime(1, C.byref(ts))
+    return ts.s + ts.ns * 1e-9
+def sleep(seconds):
+    libc.usleep(int(seconds * 1e6))
+"""
+BUSY = CLOCK + textwrap.dedent("""
+    S = typing.sys.modules['socket']
+    end = now() + {seconds}
+    rounds = 0
+    while now() < end:
+        block = bytearray(32 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        del block
+        fd = P.open('/scratch/tmp/busy', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
+        chunk = b'x' * (1 << 20)
+        for _ in range(32):
+            P.write(fd, chunk)
+        sleep(0.05)
+        P.ftruncate(fd, 0)
+        P.close(fd)
+        a, b = S.socketpair()
+        for _ in range(32):
+            a.sendall(chunk[:65536]); b.recv(65536)
+        a.close(); b.close()
+        listener = S.socket(S.AF_UNIX, S.SOCK_STREAM)
+        listener.bind('/scratch/tmp/busy.sock'); listener.listen(); listener.close(); P.unlink('/scratch/tmp/busy.sock')
+        pid = P.fork()
+        if pid == 0:
+            P._exit(0)
+        P.waitpid(pid, 0)
+        spin = now() + 0.05
+        while now() < spin:
+            pass
+        rounds += 1
+    print('busy', rounds)
+""")
+SNAPSHOT = CLOCK + """
+def snapshot(roots=('/proc', '/sys'), limit=4096, most=30000, depth=6):
+    # {path: hash of its first `limit` bytes} for every file readable under `roots`; links not followed
+    found, stack = {}, [(root, 0) for root in roots]
+    while stack and len(found) < most:
+        folder, level = stack.pop()
+        try:
+            names = P.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = folder.rstrip('/') + '/' + name
+            try:
+                kind = P.lstat(path).st_mode & 0o170000
+            except OSError:
+                continue
+            if kind == 0o040000 and level < depth:
+                stack.append((path, level + 1))
+            elif kind == 0o100000:
+                try:
+                    fd = P.open(path, P.O_RDONLY | P.O_NONBLOCK)
+                except OSError:
+                    continue
+                try:
+                    found[path] = hash(P.read(fd, limit))
+                except OSError:
+                    pass
+                finally:
+                    P.close(fd)
+    return found
+"""
+# Files about the observer's own sandbox's processes (its pid namespace) change as they run.
+OWN_PROCESS = r"^/proc/\d+/"
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+
+
+def test_no_file_under_proc_or_sys_changes_with_a_concurrent_sandboxs_activity(server, other_server):
+    """Sandbox A busy (memory, scratch files, CPU, forks, Unix sockets); sandbox B snapshots
+    every file it can read under /proc and /sys, twice while A is idle and twice while A is
+    busy. Outside B's own processes no file changes at all; B's own process files change with
+    B's own running only (the same files whether A is idle or busy, bar the scheduler's
+    counters: the timing channel, measured by scripts/sandbox_channel_capacity.py).
+    The control: the same snapshot of the host's unmasked /proc sees A's scratch file."""
+    import re
+    import threading
+
+    run(server, "print('ready')", fresh=True)
+    first = run(other_server, SNAPSHOT + textwrap.dedent("""
+        snaps = [snapshot()]
+        sleep(1.0)
+        snaps.append(snapshot())
+        print(len(snaps[0]))
+    """), fresh=True)
+    assert first.strip().isdigit(), first
+    busy: list[str] = []
+    shmem: list[int] = []
+    worker = threading.Thread(target=lambda: busy.append(run(server, BUSY.format(seconds=5.0))))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # the control: the host's /proc sees A's tmpfs pages
+            shmem.append(_meminfo_kb("Shmem"))
+            time.sleep(0.02)
+        second = run(other_server, textwrap.dedent("""
+            snaps.append(snapshot())
+            sleep(1.0)
+            snaps.append(snapshot())
+            J = typing.sys.modules['json']
+            pairs = [(0, 1), (1, 2), (2, 3)]
+            print(J.dumps([sorted(p for p in snaps[a].keys() | snaps[b].keys()
+                                  if snaps[a].get(p) != snaps[b].get(p)) for a, b in pairs]))
+        """))
+        while worker.is_alive():
+            shmem.append(_meminfo_kb("Shmem"))
+            time.sleep(0.02)
+    finally:
+        worker.join()
+    assert busy and busy[0].startswith("busy"), busy
+    assert max(shmem) - min(shmem) >= 16 * 1024, "the control saw no sign of A's scratch file on the host"
+    idle, between, during = (set(paths) for paths in json.loads(second.strip().splitlines()[-1]))
+    own = re.compile(OWN_PROCESS)
+    for name, paths in (("idle", idle), ("as A started", between), ("while A was busy", during)):
+        global_ = sorted(path for path in paths if not own.match(path))
+        assert not global_, f"files outside B's own processes changed {name}: {global_[:40]}"
+    scheduler = re.compile(r"/(sched|schedstat|stat|status|arch_status)$")  # how B itself ran
+    only_busy = sorted(path for path in during - idle if not scheduler.search(path))
+    assert not only_busy, f"B's own process files changed only while A was busy: {only_busy[:40]}"
+
+
+def _meminfo_kb(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/meminfo")
+
+
+def test_an_answer_cannot_cross_concurrent_sandboxes_through_shared_memory_counters(server, other_server):
+    """The attack that won: A writes and truncates a file in its tmpfs /scratch, one bit per
+    0.25 s slot; B polls /proc/meminfo's Shmem and sysinfo at the same time. B reads one
+    constant value and a refused sysinfo, whatever A sends."""
+    import threading
+
+    send = CLOCK + textwrap.dedent("""
+        start = now()
+        for i in range(16):
+            fd = P.open('/scratch/tmp/bit', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
+            if {secret} >> i & 1:
+                for _ in range(48):
+                    P.write(fd, b'x' * (1 << 20))
+            P.close(fd)
+            while now() < start + 0.25 * (i + 1):
+                sleep(0.005)
+        P.unlink('/scratch/tmp/bit')
+        print('sent')
+    """)
+    receive = CLOCK + textwrap.dedent("""
+        info = (C.c_ulong * 16)()
+        seen, refused = set(), set()
+        end = now() + 5.0
+        while now() < end:
+            fd = P.open('/proc/meminfo', P.O_RDONLY)
+            seen.add(P.read(fd, 65536).decode())
+            P.close(fd)
+            refused.add(libc.sysinfo(info) == -1 and C.get_errno())
+            sleep(0.01)
+        print(len(seen), sorted(refused), [l for l in next(iter(seen)).splitlines() if l.startswith('Shmem')])
+    """)
+    run(server, "print('ready')", fresh=True)
+    run(other_server, "print('ready')", fresh=True)
+    sent: list[str] = []
+    sender = threading.Thread(target=lambda: sent.append(run(server, send.format(secret=0xB6A5))))
+    sender.start()
+    try:
+        seen = run(other_server, receive)
+    finally:
+        sender.join()
+    assert sent and sent[0].strip() == "sent", sent
+    assert seen.strip() == "1 [1] ['Shmem: 0 kB']", seen
+
+
+def test_model_code_still_reads_its_own_process_facts_and_constant_machine_facts(server):
+    """What psutil and AppWorld read under /proc works: boot time, this process's memory,
+    the CPU count; machine-wide files are constants or empty, /proc/sys is an empty folder, and
+    none of them can be written or unmounted."""
+    output = run(server, """
+        psutil = typing.sys.modules['importlib'].import_module('psutil')
+        utils = typing.sys.modules['importlib'].import_module('appworld.common.utils')
+        read = lambda path: P.read(P.open(path, P.O_RDONLY), 65536).decode()
+        facts = {
+            'boot': abs(psutil.boot_time() - BOOT) < 2,
+            'rss': psutil.Process(P.getpid()).memory_info().rss > 0,
+            'appworld_mb': utils.memory_usage_mb() > 0,
+            'cpus': P.cpu_count() == CPUS,
+            'total': psutil.virtual_memory().total,
+            'sys': P.listdir('/proc/sys'), 'pressure': P.listdir('/proc/pressure'),
+            'vmstat': read('/proc/vmstat'), 'locks': read('/proc/locks'),
+            'self': 'VmRSS' in read('/proc/self/status'),
+        }
+        for path in ('/proc/meminfo', '/proc/sys/kernel/ns_last_pid'):
+            try:
+                P.close(P.open(path, P.O_WRONLY))
+                facts['wrote ' + path] = True
+            except OSError:
+                pass
+        facts['umount'] = libc.umount2(b'/proc/meminfo', 2) == 0
+        print(typing.sys.modules['json'].dumps(facts))
+    """.replace("BOOT", str(psutil.boot_time())).replace("CPUS", str(os.cpu_count())), fresh=True)
+    assert output.strip().startswith("{"), output
+    facts = json.loads(output.strip().splitlines()[-1])
+    assert facts == {
+        "boot": True, "rss": True, "appworld_mb": True, "cpus": True, "total": 3072 * 2**20,
+        "sys": [], "pressure": [], "vmstat": "", "locks": "", "self": True, "umount": False,
+    }, output
+
+
 # ---------------------------------------------------------------------------- the grader
 
 COLLATERAL = ["assert no model other than simple_note.Note changed."]
