@@ -93,8 +93,10 @@ def test_sysv_ipc_objects_do_not_survive_the_episode(server):
     assert run(server, plant, fresh=True).split() == ["True", "True", "True"]
     probe = """
         print(libc.shmget(0x5EE0, 0, 0), libc.msgget(0x5EE1, 0), libc.semget(0x5EE2, 0, 0))
-        for kind in ('shm', 'msg', 'sem'):
-            print(kind, len(P.read(P.open('/proc/sysvipc/' + kind, P.O_RDONLY), 1 << 20).splitlines()) - 1)
+        info = (C.c_int * 64)()  # how many objects this IPC namespace holds (/proc/sysvipc is covered)
+        print('shm', libc.shmctl(0, 14, info) >= 0 and info[0])  # SHM_INFO: shm_info.used_ids
+        print('msg', libc.msgctl(0, 12, info) >= 0 and info[0])  # MSG_INFO: msginfo.msgpool
+        print('sem', libc.semctl(0, 0, 19, info) >= 0 and info[7])  # SEM_INFO: seminfo.semusz
     """
     found = run(server, probe, task_id="minitodo_1", fresh=True).splitlines()
     assert found[0] == "-1 -1 -1", found  # ENOENT: the keys are gone
@@ -282,6 +284,45 @@ def test_a_fork_storm_never_outlasts_the_sweep(server):
         left = episode_processes(server)
         outcomes.append((trial, output.strip()[-20:], round(used, 2), len(left)))
     assert all(used < IDLE_CPU_S and left == 0 for _, _, used, left in outcomes), outcomes
+
+
+THREAD_STORM = """
+    T = typing.sys.modules['threading']
+    typing.sys.modules['limits'].kill_descendants = lambda: 0  # the episode's own clean-up
+    def storm():  # every thread (clone(CLONE_THREAD), through pthread_create) starts more, then spins
+        while True:
+            try:
+                T.Thread(target=storm, daemon=True).start()
+            except RuntimeError:
+                break
+        while True:
+            pass
+    if P.fork() == 0:
+        P.setsid()
+        storm()
+    T.Thread(target=storm, daemon=True).start()
+    libc.usleep(1000000)
+    status = P.read(P.open('/proc/self/status', P.O_RDONLY), 65536).decode()
+    print('threads', [l.split()[1] for l in status.splitlines() if l.startswith('Threads:')][0])
+"""
+
+
+def test_a_thread_storm_is_bounded_by_the_sandbox_and_does_not_outlive_the_step(server):
+    """Threads starting threads, in the episode's process and in a child in a session of its
+    own: they count against the sandbox's process limit, the child's die with the step, the
+    episode's own are stopped between steps (no CPU), and all end with the episode."""
+    output = run(server, THREAD_STORM, fresh=True)
+    assert output.startswith("threads"), output
+    assert int(output.split()[1]) <= server.limits.processes, output
+    assert episode_processes(server) == []
+    before = server_cpu_seconds(server)
+    time.sleep(3.0)
+    used = server_cpu_seconds(server) - before
+    assert used < IDLE_CPU_S, f"the server used {used:.2f} CPU-s in the 3 s between two steps"
+    assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
+    server.close_episode(collect=False)
+    assert warm_parent(server).children() == []  # the episode's process and its threads are gone
+    assert run(server, "print('next')", fresh=True).strip() == "next"
 
 
 # ---------------------------------------------------------------------------- the kernel
