@@ -514,39 +514,48 @@ def now(ts=Timespec()):
     libc.clock_gettime(1, C.byref(ts))
     return ts.s + ts.ns * 1e-9
 def sleep(seconds):
-    libc.usleep(int(seconds * 1e6))
+    libc.usleep(max(0, int(seconds * 1e6)))
+def sleep_until(moment):
+    sleep(moment - now())
 """
+# A's schedule and B's snapshots follow one clock (CLOCK_MONOTONIC is the machine's): slots of
+# SLOT_S seconds from a start the host gives, A idle in the even ones and busy in the odd ones.
+SLOT_S = 1.2
+PHASES = "IBIBIB"
 BUSY = CLOCK + textwrap.dedent("""
     S = typing.sys.modules['socket']
-    end = now() + {seconds}
-    rounds = 0
-    while now() < end:
-        block = bytearray(32 << 20)
-        for i in range(0, len(block), 4096):
-            block[i] = 1
-        del block
-        fd = P.open('/scratch/tmp/busy', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
-        chunk = b'x' * (1 << 20)
-        for _ in range(32):
-            P.write(fd, chunk)
-        sleep(0.05)
-        P.ftruncate(fd, 0)
-        P.close(fd)
-        a, b = S.socketpair()
-        for _ in range(32):
-            a.sendall(chunk[:65536]); b.recv(65536)
-        a.close(); b.close()
-        listener = S.socket(S.AF_UNIX, S.SOCK_STREAM)
-        listener.bind('/scratch/tmp/busy.sock'); listener.listen(); listener.close(); P.unlink('/scratch/tmp/busy.sock')
-        pid = P.fork()
-        if pid == 0:
-            P._exit(0)
-        P.waitpid(pid, 0)
-        spin = now() + 0.05
-        while now() < spin:
-            pass
-        rounds += 1
-    print('busy', rounds)
+    chunk = b'x' * (1 << 20)
+    def work(until):  # memory, a scratch file written and truncated, sockets, a fork, CPU
+        while now() < until:
+            block = bytearray(16 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            del block
+            fd = P.open('/scratch/tmp/busy', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
+            for _ in range(16):
+                P.write(fd, chunk)
+            P.ftruncate(fd, 0)
+            P.close(fd)
+            a, b = S.socketpair()
+            for _ in range(16):
+                a.sendall(chunk[:65536]); b.recv(65536)
+            a.close(); b.close()
+            listener = S.socket(S.AF_UNIX, S.SOCK_STREAM)
+            listener.bind('/scratch/tmp/busy.sock'); listener.listen(); listener.close()
+            P.unlink('/scratch/tmp/busy.sock')
+            pid = P.fork()
+            if pid == 0:
+                P._exit(0)
+            P.waitpid(pid, 0)
+            spin = now() + 0.02
+            while now() < spin:
+                pass
+    start, slot = {start!r}, {slot!r}
+    for i, phase in enumerate({phases!r}):
+        if phase == 'B':
+            sleep_until(start + i * slot)
+            work(start + (i + 1) * slot)
+    print('busy')
 """)
 SNAPSHOT = CLOCK + """
 def snapshot(roots=('/proc', '/sys'), limit=4096, most=30000, depth=6):
@@ -579,65 +588,67 @@ def snapshot(roots=('/proc', '/sys'), limit=4096, most=30000, depth=6):
                     P.close(fd)
     return found
 """
-# Files about the observer's own sandbox's processes (its pid namespace) change as they run.
-OWN_PROCESS = r"^/proc/\d+/"
-
-
-def changed(before: dict, after: dict) -> set[str]:
-    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+WATCH = textwrap.dedent("""
+    start, slot = {start!r}, {slot!r}
+    took, pairs = 0.0, []
+    for i in range({slots}):
+        sleep_until(start + i * slot + 0.1)
+        first = snapshot()
+        sleep_until(start + (i + 1) * slot - 0.1 - took)
+        begun = now()
+        second = snapshot()
+        took = max(took, now() - begun)
+        pairs.append(sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p)))
+    print(typing.sys.modules['json'].dumps({{'files': len(first), 'pairs': pairs}}))
+""")
+OWN_PROCESS = r"^/proc/\d+/"  # B's own sandbox's processes (a pid namespace of its own)
+SCHEDULER = r"/(sched|schedstat|stat|status)$"  # how B itself ran: the timing channel
 
 
 def test_no_file_under_proc_or_sys_changes_with_a_concurrent_sandboxs_activity(server, other_server):
-    """Sandbox A busy (memory, scratch files, CPU, forks, Unix sockets); sandbox B snapshots
-    every file it can read under /proc and /sys, twice while A is idle and twice while A is
-    busy. Outside B's own processes no file changes at all; B's own process files change with
-    B's own running only (the same files whether A is idle or busy, bar the scheduler's
-    counters: the timing channel, measured by scripts/sandbox_channel_capacity.py).
-    The control: the same snapshot of the host's unmasked /proc sees A's scratch file."""
+    """Sandbox A idle and busy in turns (memory, scratch files, CPU, forks, Unix sockets);
+    sandbox B reads every file it can under /proc and /sys at the start and end of each turn.
+    Outside B's own processes no file changes at all. Of B's own process files, none changes
+    in every busy turn and no idle one, except the scheduler's counters of B's own running
+    (the timing channel, measured by scripts/sandbox_channel_capacity.py).
+    The control: the host's unmasked /proc sees A's scratch file come and go."""
     import re
     import threading
 
-    run(server, "print('ready')", fresh=True)
-    first = run(other_server, SNAPSHOT + textwrap.dedent("""
-        snaps = [snapshot()]
-        sleep(1.0)
-        snaps.append(snapshot())
-        print(len(snaps[0]))
-    """), fresh=True)
-    assert first.strip().isdigit(), first
+    for one in (server, other_server):
+        one.close_episode(collect=False)
+        one.open_episode("mininote_1", timeout_seconds=40, max_interactions=50)
+    start = time.monotonic() + 3.0
     busy: list[str] = []
+    watched: list[str] = []
     shmem: list[int] = []
-    worker = threading.Thread(target=lambda: busy.append(run(server, BUSY.format(seconds=5.0))))
-    worker.start()
+    threads = [
+        threading.Thread(target=lambda: busy.append(server.execute(
+            PRELUDE + BUSY.format(start=start, slot=SLOT_S, phases=PHASES), timeout=60))),
+        threading.Thread(target=lambda: watched.append(other_server.execute(
+            PRELUDE + SNAPSHOT + WATCH.format(start=start, slot=SLOT_S, slots=len(PHASES)), timeout=60))),
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:  # the control: the host's /proc sees A's tmpfs pages
-            shmem.append(_meminfo_kb("Shmem"))
-            time.sleep(0.02)
-        second = run(other_server, textwrap.dedent("""
-            snaps.append(snapshot())
-            sleep(1.0)
-            snaps.append(snapshot())
-            J = typing.sys.modules['json']
-            pairs = [(0, 1), (1, 2), (2, 3)]
-            print(J.dumps([sorted(p for p in snaps[a].keys() | snaps[b].keys()
-                                  if snaps[a].get(p) != snaps[b].get(p)) for a, b in pairs]))
-        """))
-        while worker.is_alive():
-            shmem.append(_meminfo_kb("Shmem"))
-            time.sleep(0.02)
+        while any(thread.is_alive() for thread in threads):
+            shmem.append(_meminfo_kb("Shmem"))  # the control: the host's /proc sees A's tmpfs pages
+            time.sleep(0.01)
     finally:
-        worker.join()
-    assert busy and busy[0].startswith("busy"), busy
-    assert max(shmem) - min(shmem) >= 16 * 1024, "the control saw no sign of A's scratch file on the host"
-    idle, between, during = (set(paths) for paths in json.loads(second.strip().splitlines()[-1]))
-    own = re.compile(OWN_PROCESS)
-    for name, paths in (("idle", idle), ("as A started", between), ("while A was busy", during)):
-        global_ = sorted(path for path in paths if not own.match(path))
-        assert not global_, f"files outside B's own processes changed {name}: {global_[:40]}"
-    scheduler = re.compile(r"/(sched|schedstat|stat|status|arch_status)$")  # how B itself ran
-    only_busy = sorted(path for path in during - idle if not scheduler.search(path))
-    assert not only_busy, f"B's own process files changed only while A was busy: {only_busy[:40]}"
+        for thread in threads:
+            thread.join()
+    assert busy and busy[0].strip() == "busy", busy
+    assert watched and watched[0].strip().startswith("{"), watched
+    assert max(shmem) - min(shmem) >= 8 * 1024, "the control saw no sign of A's scratch file on the host"
+    pairs = [set(paths) for paths in json.loads(watched[0].strip().splitlines()[-1])["pairs"]]
+    own, scheduler = re.compile(OWN_PROCESS), re.compile(SCHEDULER)
+    for phase, paths in zip(PHASES, pairs):
+        outside = sorted(path for path in paths if not own.match(path))
+        assert not outside, f"files outside B's own processes changed ({'A busy' if phase == 'B' else 'A idle'}): {outside[:40]}"
+    in_every_busy = set.intersection(*(paths for phase, paths in zip(PHASES, pairs) if phase == "B"))
+    in_an_idle = set.union(*(paths for phase, paths in zip(PHASES, pairs) if phase == "I"))
+    follows_a = sorted(path for path in in_every_busy - in_an_idle if not scheduler.search(path))
+    assert not follows_a, f"B's own process files changed with A's activity: {follows_a[:40]}"
 
 
 def _meminfo_kb(field: str) -> int:
