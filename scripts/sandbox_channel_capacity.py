@@ -1,19 +1,23 @@
-"""Measure the CPU-contention channel between two concurrent AppWorld sandboxes, in bits/s.
+"""Measure channels between two concurrent AppWorld sandboxes that the sandbox leaves open, in bits/s.
 
-    .venv/bin/python scripts/sandbox_channel_capacity.py [--slots-ms 50,100,200] [--bits 64]
+    .venv/bin/python scripts/sandbox_channel_capacity.py [--channel cpu|inodes] [--slots-ms 10,20,50] [--bits 64]
 
-Two real sandboxed servers run one cell each at the same time. The sender, in sandbox A,
-sends random bits, one per time slot: for a 1 it keeps every CPU busy (one spinning process
-per CPU), for a 0 it sleeps. The receiver, in sandbox B, counts the iterations of a Python
-loop it manages in each slot, timed on CLOCK_MONOTONIC (one clock for every process on the
-machine; AppWorld's own `time` is frozen in cells), and decodes fewer iterations as a 1. Both
-start at the same moment of that clock, given by the host; a preamble of alternating bits sets
-the receiver's threshold. Prints, per slot length, the raw rate, the symbol error rate over
-the payload and the capacity of a binary symmetric channel with that error rate,
-(1 - H(p)) / slot, with the load average before and after.
+Two real sandboxed servers run one cell each at the same time; the sender, in sandbox A, sends
+random bits, one per time slot, and the receiver, in sandbox B, decodes them. Both start at
+the same moment of CLOCK_MONOTONIC (one clock for every process on the machine; AppWorld's own
+`time` is frozen in cells), given by the host; a preamble of alternating bits sets the
+receiver's threshold.
 
-This is the timing channel the sandbox does not close (`README.md`, "Channels that remain");
-the kernel's counters are masked (`seeupo_gym/appworld/worker/limits.py`, `mask_proc`).
+- cpu: for a 1 the sender keeps every CPU busy (one spinning process per CPU), for a 0 it
+  sleeps; the receiver counts the iterations of a Python loop it manages in each slot.
+- inodes: the inode numbers the kernel gives new pipes and sockets come from one machine-wide
+  counter, handed to each CPU in batches of 1024 (`get_next_ino`); for a 1 the sender makes
+  pipes, the receiver (pinned to one CPU) reads how many batches other CPUs took in the slot.
+
+Prints, per slot length, the raw rate, the symbol error rate over the payload and the capacity
+of a binary symmetric channel with that error rate, (1 - H(p)) / slot, with the load average.
+These are what `README.md`'s "Channels that remain" states; the kernel's counters in files and
+`sysinfo` are closed (`seeupo_gym/appworld/worker/limits.py`, `mask_proc`; `seccomp.py`).
 """
 
 from __future__ import annotations
@@ -83,25 +87,66 @@ print(counts)
 """
 
 
+# The inode numbers the kernel gives new pipes and sockets come from one machine-wide counter,
+# handed to each CPU in batches of 1024 (`get_next_ino`). The sender makes pipes for a 1; the
+# receiver, pinned to one CPU, uses up its batch at each end of a slot: the gap between its
+# batches is what every other CPU took meanwhile.
+SEND_INODES = PRELUDE + """
+bits, start, slot = {bits!r}, {start!r}, {slot!r}
+for i, bit in enumerate(bits):
+    end = start + (i + 1) * slot
+    if bit:
+        sleep_until(start + i * slot)
+        while now() < end:
+            for _ in range(64):
+                r, w = P.pipe()
+                P.close(r); P.close(w)
+    else:
+        sleep_until(end)
+print('sent')
+"""
+RECEIVE_INODES = PRELUDE + """
+count, start, slot = {count!r}, {start!r}, {slot!r}
+P.sched_setaffinity(0, {{sorted(P.sched_getaffinity(0))[-1]}})
+def next_batch():  # make pipes until one opens a new batch of 1024; that batch's first number
+    while True:
+        r, w = P.pipe()
+        number = P.fstat(r).st_ino
+        P.close(r); P.close(w)
+        if number % 1024 == 1:
+            return number
+counts = []
+for i in range(count):
+    sleep_until(start + i * slot)
+    first = next_batch()
+    sleep_until(start + (i + 1) * slot - slot * 0.05)
+    counts.append(-(next_batch() - first - 1024) // 1024)  # negated: more taken reads as fewer
+print(counts)
+"""
+
+
 def entropy(p: float) -> float:
     return 0.0 if p in (0.0, 1.0) else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
 
 
 def measure(sender: AppWorldServer, receiver: AppWorldServer, slot: float, payload: list[int],
-            preamble: list[int]) -> tuple[float, int]:
+            preamble: list[int], channel: str = "cpu") -> tuple[float, int]:
     bits = preamble + payload
     start = time.monotonic() + 4.0  # both cells are running by then
     timeout = 4.0 + slot * len(bits) + 60
     sent: list[str] = []
+    send, receive = (SEND, RECEIVE) if channel == "cpu" else (SEND_INODES, RECEIVE_INODES)
     thread = threading.Thread(target=lambda: sent.append(sender.execute(
-        SEND.format(bits=bits, start=start, slot=slot, cpus=os.cpu_count() or 1), timeout=timeout)))
+        send.format(bits=bits, start=start, slot=slot, cpus=os.cpu_count() or 1), timeout=timeout)))
     thread.start()
     try:
-        output = receiver.execute(RECEIVE.format(count=len(bits), start=start, slot=slot), timeout=timeout)
+        output = receiver.execute(receive.format(count=len(bits), start=start, slot=slot), timeout=timeout)
     finally:
         thread.join()
     if not sent or sent[0].strip() != "sent":
         raise RuntimeError(f"the sender failed: {sent}")
+    if not output.strip().startswith("["):
+        raise RuntimeError(f"the receiver failed: {output[-2000:]}")
     counts = [int(n) for n in output.strip().strip("[]").split(",")]
     ones = [c for c, b in zip(counts, preamble) if b]
     zeros = [c for c, b in zip(counts, preamble) if not b]
@@ -118,6 +163,8 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=64, help="payload bits per slot length")
     parser.add_argument("--preamble", type=int, default=16, help="alternating bits to set the threshold")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channel", choices=("cpu", "inodes"), default="cpu",
+                        help="cpu: contention timed on CLOCK_MONOTONIC; inodes: the pipe inode counter")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     data = find_data_dir("mini")
@@ -136,7 +183,7 @@ def main() -> None:
                 server.close_episode(collect=False)
                 server.open_episode("mininote_1", timeout_seconds=600, max_interactions=50)
             slot = slot_ms / 1000
-            rate, errors = measure(servers[0], servers[1], slot, payload, preamble)
+            rate, errors = measure(servers[0], servers[1], slot, payload, preamble, args.channel)
             capacity = (1 - entropy(rate)) / slot  # symmetric: a receiver that reads inverted bits flips them
             print(f"{slot_ms:7.0f}  {1 / slot:9.1f}  {errors:3d}/{len(payload):<3d} {rate:17.3f}  {capacity:14.2f}  "
                   f"{os.getloadavg()[0]:7.2f}")
