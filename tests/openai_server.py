@@ -205,8 +205,10 @@ async def chat(request: Request) -> Response:
                                   max_new_tokens=int(data.get("max_tokens", 16)), seed=data.get("seed"))
         (completion,) = await asyncio.to_thread(backend.generate, [list(prompt)], sampling)
         message = {"role": "assistant", "content": tokenizer.decode(completion.token_ids, skip_special_tokens=True)}
-    body = {"object": "chat.completion", "model": data.get("model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    # id, created and usage: what strict clients (NeMo Gym's vllm_model, verifiers) read too.
+    body = {"id": f"chatcmpl-{len(STATE['log'])}", "object": "chat.completion", "created": 0, "model": data.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
     return await _faulty(fault, body) or JSONResponse(body)
 
 

@@ -1,0 +1,64 @@
+"""Write NeMo Gym rows for tasks of a served env: `python prepare_data.py --url URL --agent NAME
+--out FILE [--tasks a,b | --limit N] [--seed S]`.
+
+Each row holds the served env's system prompt (`responses_create_params.input`), its sha256, the
+task id (and seed) the resource server resets with, and the agent that runs it. The prompt comes
+from the server, so rows match the kwargs it serves (`app.py` refuses a row that does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from app import prompt_sha256, system_messages  # noqa: E402
+from seeupo_serve_client import TOKEN_ENV, ServeSession  # noqa: E402
+
+
+def served_task_ids(url: str) -> list[str]:
+    token = os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = httpx.get(url.rstrip("/") + "/seeupo/env", headers=headers, timeout=60)
+    answer.raise_for_status()
+    task_ids = answer.json().get("task_ids")
+    if not isinstance(task_ids, list) or not all(isinstance(task, str) for task in task_ids):
+        raise SystemExit(f"prepare_data: {url} lists no task ids; pass --tasks")
+    return task_ids
+
+
+async def rows(url: str, agent: str, task_ids: list[str], seed: int | None) -> list[dict]:
+    out = []
+    async with ServeSession(url) as session:
+        for task_id in task_ids:
+            options = {"task_id": task_id} if seed is None else {"task_id": task_id, "seed": seed}
+            system = system_messages(await session.reset(**options))
+            out.append({"responses_create_params": {"input": system}, **options, "prompt_sha256": prompt_sha256(system),
+                        "agent_ref": {"type": "responses_api_agents", "name": agent}})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the seeupo-serve URL")
+    parser.add_argument("--agent", required=True, help="the config's agent name, e.g. seeupo_bfcl_agent")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--tasks", default="", help="comma-separated task ids (default: the server's, see --limit)")
+    parser.add_argument("--limit", type=int, default=None, help="first N of the server's task ids")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    task_ids = [task.strip() for task in args.tasks.split(",") if task.strip()] or served_task_ids(args.url)[: args.limit]
+    written = asyncio.run(rows(args.url, args.agent, task_ids, args.seed))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(row) + "\n" for row in written))
+    print(f"prepare_data: {len(written)} rows in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
