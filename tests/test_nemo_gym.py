@@ -1,0 +1,121 @@
+"""seeupo-gym's envs through NeMo Gym's own runner: `gym env start` (Ray, the head server, our
+resource server `ecosystems/nemo_gym/resources_servers/seeupo`, NeMo Gym's gymnasium_agent and its
+vllm_model server in front of the scripted OpenAI-compatible server), then `gym eval run
+--no-serve`, all from `.venv-nemo-gym` (`make nemo-gym-venv`). The envs are real `seeupo-serve`
+processes; the model is scripted (tests/openai_server.py), everything else is NeMo Gym's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
+                               script, scripted_openai_server, turnbandit_replies)
+from serve_helpers import repo_root, serving
+
+ROOT = repo_root()
+VENV = ROOT / ".venv-nemo-gym"
+GYM_DIR = ROOT / "ecosystems" / "nemo_gym"
+SERVER_DIR = GYM_DIR / "resources_servers" / "seeupo"
+
+pytestmark = [
+    pytest.mark.slow,  # Ray, five server processes and two CLI runs: ~1-2 minutes on 2 cores
+    pytest.mark.skipif(not (VENV / "bin" / "gym").exists(),
+                       reason="NeMo Gym's venv is absent: `make nemo-gym-venv` builds .venv-nemo-gym (Python 3.13)"),
+]
+
+SERVERS = ("resources_servers/seeupo", "responses_api_agents/gymnasium_agent", "responses_api_models/vllm_model",
+           "environment_servers/legacy_agent")
+
+
+def gym_venvs(tmp: Path) -> Path:
+    """NeMo Gym runs every server from `<uv_venv_dir>/<type>/<name>/.venv`: all of them are ours."""
+    for server in SERVERS:
+        (tmp / "venvs" / server).mkdir(parents=True)
+        (tmp / "venvs" / server / ".venv").symlink_to(VENV)
+    return tmp / "venvs"
+
+
+def prepare(url: str, agent: str, out: Path, *args: str) -> list[dict]:
+    subprocess.run([str(VENV / "bin" / "python"), str(SERVER_DIR / "prepare_data.py"), "--url", url, "--agent", agent,
+                    "--out", str(out), *args], check=True, timeout=120)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nemo_gym")
+    site = next((VENV / "lib").glob("python3.*/site-packages"))
+    with serving("seeupo/BFCL-v4-v0") as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
+            scripted_openai_server(script(tmp), tmp) as model_url:
+        rows = prepare(bfcl.url, "seeupo_bfcl_agent", tmp / "bfcl.jsonl",
+                       "--tasks", f"{GROUND_TRUTH_TASK},{UNSOLVED_TASK},{HOSTILE_TASK}")
+        rows += prepare(bandit.url, "seeupo_turnbandit_agent", tmp / "turnbandit.jsonl",
+                        "--seeds", ",".join(map(str, TURNBANDIT_SEEDS)))
+        (tmp / "input.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        configs = [SERVER_DIR / "configs" / "seeupo_bfcl.yaml", SERVER_DIR / "configs" / "seeupo_turnbandit.yaml",
+                   site / "responses_api_models" / "vllm_model" / "configs" / "vllm_model.yaml"]
+        overrides = [f"+config_paths=[{','.join(map(str, configs))}]", f"+uv_venv_dir={gym_venvs(tmp)}",
+                     "+skip_venv_if_present=true", f"+policy_base_url={model_url}", "+policy_api_key=unused",
+                     "+policy_model_name=scripted",
+                     f"++seeupo_bfcl.resources_servers.seeupo.serve_url={bfcl.url}",
+                     f"++seeupo_turnbandit.resources_servers.seeupo.serve_url={bandit.url}"]
+        log = open(tmp / "gym_env_start.log", "w+")
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        start = subprocess.Popen([str(VENV / "bin" / "gym"), "env", "start", *overrides], cwd=GYM_DIR, stdout=log,
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while "servers ready!" not in (tmp / "gym_env_start.log").read_text():
+                assert start.poll() is None and time.monotonic() < deadline, \
+                    (tmp / "gym_env_start.log").read_text()[-4000:]
+                time.sleep(1)
+            run = subprocess.run([str(VENV / "bin" / "gym"), "eval", "run", "--no-serve", "--input",
+                                  str(tmp / "input.jsonl"), "--output", str(tmp / "rollouts.jsonl")],
+                                 cwd=GYM_DIR, capture_output=True, text=True, timeout=600, env=env)
+            assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        finally:
+            os.killpg(start.pid, signal.SIGINT)  # NeMo Gym stops its servers and its Ray cluster
+            try:
+                start.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(start.pid, signal.SIGKILL)
+                start.wait(timeout=30)
+            log.close()
+    out = [json.loads(line) for line in (tmp / "rollouts.jsonl").read_text().splitlines()]
+    return {"rows": rows, "rollouts": out, "tmp": tmp}
+
+
+def by_task(rollouts) -> dict[str, dict]:
+    return {rollout["info"]["task_id"]: rollout for rollout in rollouts["rollouts"]}
+
+
+def test_bfcl_ground_truth_scores_one_and_an_unsolved_episode_zero_through_gym_eval_run(rollouts):
+    done = by_task(rollouts)
+    assert done[GROUND_TRUTH_TASK]["reward"] == 1.0 and done[GROUND_TRUTH_TASK]["terminated"] is True
+    assert done[GROUND_TRUTH_TASK]["info"]["success"] is True
+    assert done[UNSOLVED_TASK]["reward"] == 0.0 and done[UNSOLVED_TASK]["info"]["success"] is False
+
+
+def test_turnbandit_episode_equals_the_local_env_reward(rollouts):
+    import gymnasium as gym
+
+    done = by_task(rollouts)
+    for seed in TURNBANDIT_SEEDS:
+        env = gym.make("seeupo/TurnBandit-v0")
+        _, info = env.reset(seed=seed)
+        env.close()
+        expected = local_return("seeupo/TurnBandit-v0", turnbandit_replies(seed), seed=seed)
+        assert done[info["task_id"]]["reward"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_hostile_model_text_scores_zero_and_runs_nothing(rollouts):
+    done = by_task(rollouts)
+    assert done[HOSTILE_TASK]["reward"] == 0.0
+    assert not list(rollouts["tmp"].glob("pwned-*"))
