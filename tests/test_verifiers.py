@@ -1,0 +1,79 @@
+"""seeupo-gym's envs as verifiers v1 tasksets, through verifiers' own eval CLI (`vf-eval`, from
+`.venv-verifiers`: `make verifiers-venv`) into its `traces.jsonl`. The envs are real `seeupo-serve`
+processes; the model is scripted (tests/openai_server.py, streamed as verifiers asks); the agent is
+verifiers' null chat program on its subprocess runtime (our `SeeupoHarness` runs it with the venv's
+interpreter instead of a uv environment, which would be downloaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
+                               script, scripted_openai_server, turnbandit_replies)
+from serve_helpers import repo_root, serving
+
+VENV = repo_root() / ".venv-verifiers"
+
+pytestmark = [
+    pytest.mark.slow,  # two seeupo-serve processes, a model server and two vf-eval runs: ~40 s on 2 cores
+    pytest.mark.skipif(not (VENV / "bin" / "vf-eval").exists(),
+                       reason="verifiers' venv is absent: `make verifiers-venv` builds .venv-verifiers"),
+]
+
+
+def vf_eval(taskset: str, model_url: str, out: Path, *args: str) -> list[dict]:
+    run = subprocess.run(
+        [str(VENV / "bin" / "vf-eval"), taskset, "--model", "scripted", "--client.base-url", model_url,
+         "--client.api-key-var", "SCRIPTED_API_KEY", "--no-push", "--no-rich", "-o", str(out), *args],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "SCRIPTED_API_KEY": "unused"})
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    (traces,) = out.glob("*/traces.jsonl")
+    return [json.loads(line) for line in traces.read_text().splitlines()]
+
+
+def seat(episode: dict) -> dict:
+    (trace,) = episode["traces"]
+    return trace
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verifiers")
+    with serving("seeupo/BFCL-v4-v0") as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
+            scripted_openai_server(script(tmp), tmp) as model_url:
+        tasks = json.dumps([GROUND_TRUTH_TASK, UNSOLVED_TASK, HOSTILE_TASK])
+        bfcl_episodes = vf_eval("seeupo-vf-bfcl", model_url, tmp / "bfcl", "--env.taskset.serve-url", bfcl.url,
+                                "--env.taskset.task-ids", tasks, "--env.taskset.categories", '["base"]')
+        bandit_episodes = vf_eval("seeupo-vf-turnbandit", model_url, tmp / "turnbandit", "--env.taskset.serve-url",
+                                  bandit.url, "--env.taskset.seeds", json.dumps(list(TURNBANDIT_SEEDS)))
+    return {"bfcl": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bfcl_episodes},
+            "turnbandit": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bandit_episodes}, "tmp": tmp}
+
+
+def test_bfcl_ground_truth_scores_one_and_an_unsolved_episode_zero_through_vf_eval(episodes):
+    bfcl = episodes["bfcl"]
+    assert bfcl[GROUND_TRUTH_TASK]["rewards"]["env_reward"]["score"] == 1.0
+    assert bfcl[GROUND_TRUTH_TASK]["info"]["seeupo"]["success"] is True
+    assert bfcl[UNSOLVED_TASK]["rewards"]["env_reward"]["score"] == 0.0
+    assert bfcl[UNSOLVED_TASK]["info"]["seeupo"]["done"] is True
+
+
+def test_turnbandit_episode_equals_the_local_env_reward(episodes):
+    for seed in TURNBANDIT_SEEDS:
+        env = gym.make("seeupo/TurnBandit-v0")
+        _, info = env.reset(seed=seed)
+        env.close()
+        expected = local_return("seeupo/TurnBandit-v0", turnbandit_replies(seed), seed=seed)
+        assert episodes["turnbandit"][info["task_id"]]["rewards"]["env_reward"]["score"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_hostile_model_text_scores_zero_and_runs_nothing(episodes):
+    hostile = episodes["bfcl"][HOSTILE_TASK]
+    assert hostile["rewards"]["env_reward"]["score"] == 0.0
+    assert not list(episodes["tmp"].glob("pwned-*"))
