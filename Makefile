@@ -83,7 +83,9 @@ $(AW_MINI)/.built: $(AW_VENV)/.installed seeupo_gym/appworld/_build_mini.py
 # `seeupo-serve`, so each holds the library and our small WebSocket client (ecosystems/serve_client).
 # nemo-gym 0.7.0 declares Python >= 3.13.14; the 3.13 here (pyenv 3.13.0, Debian 3.13.5) is older
 # and runs it: pip is told to ignore that bound.
-PYTHON313 ?= $(shell command -v python3.13 || ls -d $(HOME)/.pyenv/versions/3.13*/bin/python 2>/dev/null | tail -1)
+# The first Python 3.13 that runs (pyenv's shim fails where 3.13 is not selected).
+PYTHON313 ?= $(shell for p in $(HOME)/.pyenv/versions/3.13*/bin/python /usr/bin/python3.13 python3.13; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && { command -v $$p; break; }; done)
 NEMO_GYM_VENV := .venv-nemo-gym
 NEMO_GYM := nemo-gym==0.7.0
 VERIFIERS_VENV := .venv-verifiers
@@ -94,6 +96,12 @@ $(NEMO_GYM_VENV)/.installed: ecosystems/serve_client/pyproject.toml
 	test -n "$(PYTHON313)" || { echo "nemo-gym-venv needs Python 3.13 (python3.13 or pyenv's)"; exit 1; }
 	test -x $(NEMO_GYM_VENV)/bin/python || $(PYTHON313) -m venv $(NEMO_GYM_VENV)
 	$(NEMO_GYM_VENV)/bin/python -m pip install -q --ignore-requires-python $(NEMO_GYM) -e ecosystems/serve_client
+	# `gym env start +uv_venv_dir=ecosystems/nemo_gym/.venvs +skip_venv_if_present=true` runs every
+	# server from this venv instead of making one per server with uv (which downloads).
+	for server in resources_servers/seeupo responses_api_agents/gymnasium_agent responses_api_models/vllm_model \
+			environment_servers/legacy_agent; do \
+		mkdir -p ecosystems/nemo_gym/.venvs/$$server && ln -sfn $(abspath $(NEMO_GYM_VENV)) ecosystems/nemo_gym/.venvs/$$server/.venv; \
+	done
 	touch $@
 
 verifiers-venv: $(VERIFIERS_VENV)/.installed

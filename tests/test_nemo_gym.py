@@ -48,6 +48,24 @@ def prepare(url: str, agent: str, out: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+# Our resource server's reset, in NeMo Gym's venv, given a row whose prompt hash is not the served env's.
+REFUSAL = """
+import asyncio, json, sys
+from unittest.mock import MagicMock
+from nemo_gym.server_utils import ServerClient
+from app import SeeupoResourcesServerConfig, SeeupoServer
+server = SeeupoServer(config=SeeupoResourcesServerConfig(host="", port=0, entrypoint="", name="", serve_url=sys.argv[1]),
+                      server_client=MagicMock(spec=ServerClient))
+row = json.loads(sys.argv[2])
+print("good row:", asyncio.run(server.reset(row, "a"))[1]["task_id"])
+try:
+    asyncio.run(server.reset(dict(row, prompt_sha256="0" * 64), "b"))
+except Exception as error:
+    print("refused:", error)
+print("sessions left:", sorted(server.sessions))
+"""
+
+
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nemo_gym")
@@ -59,6 +77,8 @@ def rollouts(tmp_path_factory):
         rows += prepare(bandit.url, "seeupo_turnbandit_agent", tmp / "turnbandit.jsonl",
                         "--seeds", ",".join(map(str, TURNBANDIT_SEEDS)))
         (tmp / "input.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        refusal = subprocess.run([str(VENV / "bin" / "python"), "-c", REFUSAL, bfcl.url, json.dumps(rows[0])],
+                                 cwd=SERVER_DIR, capture_output=True, text=True, timeout=120)
         configs = [SERVER_DIR / "configs" / "seeupo_bfcl.yaml", SERVER_DIR / "configs" / "seeupo_turnbandit.yaml",
                    site / "responses_api_models" / "vllm_model" / "configs" / "vllm_model.yaml"]
         overrides = [f"+config_paths=[{','.join(map(str, configs))}]", f"+uv_venv_dir={gym_venvs(tmp)}",
@@ -89,7 +109,7 @@ def rollouts(tmp_path_factory):
                 start.wait(timeout=30)
             log.close()
     out = [json.loads(line) for line in (tmp / "rollouts.jsonl").read_text().splitlines()]
-    return {"rows": rows, "rollouts": out, "tmp": tmp}
+    return {"rows": rows, "rollouts": out, "tmp": tmp, "refusal": refusal}
 
 
 def by_task(rollouts) -> dict[str, dict]:
@@ -119,3 +139,11 @@ def test_hostile_model_text_scores_zero_and_runs_nothing(rollouts):
     done = by_task(rollouts)
     assert done[HOSTILE_TASK]["reward"] == 0.0
     assert not list(rollouts["tmp"].glob("pwned-*"))
+
+
+def test_a_row_written_for_other_env_kwargs_is_refused_at_reset(rollouts):
+    out = rollouts["refusal"].stdout
+    assert rollouts["refusal"].returncode == 0, rollouts["refusal"].stderr[-3000:]
+    assert f"good row: {GROUND_TRUTH_TASK}" in out
+    assert "refused: this row's system prompt is not the served env's" in out
+    assert "sessions left: ['a']" in out  # the refused reset kept no session

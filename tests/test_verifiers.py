@@ -42,6 +42,23 @@ def seat(episode: dict) -> dict:
     return trace
 
 
+# The BFCL taskset, loaded in verifiers' venv as vf-eval loads it, with a split, categories or a
+# server it cannot play.
+REFUSALS = """
+import sys
+from verifiers.v1.utils.loaders import load_taskset, taskset_config_type
+bfcl, bandit = sys.argv[1:]
+for url, extra in ((bfcl, {"split": "test"}), (bfcl, {"categories": ["long_context"]}), (bandit, {})):
+    config = taskset_config_type("seeupo-vf-bfcl")(id="seeupo-vf-bfcl", serve_url=url, **extra)
+    try:
+        list(load_taskset(config))
+    except ValueError as error:
+        print("refused:", error)
+config = taskset_config_type("seeupo-vf-bfcl")(id="seeupo-vf-bfcl", serve_url=bfcl, categories=["base"])
+print("base tasks:", len(list(load_taskset(config))))
+"""
+
+
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verifiers")
@@ -50,10 +67,13 @@ def episodes(tmp_path_factory):
         tasks = json.dumps([GROUND_TRUTH_TASK, UNSOLVED_TASK, HOSTILE_TASK])
         bfcl_episodes = vf_eval("seeupo-vf-bfcl", model_url, tmp / "bfcl", "--env.taskset.serve-url", bfcl.url,
                                 "--env.taskset.task-ids", tasks, "--env.taskset.categories", '["base"]')
+        refusals = subprocess.run([str(VENV / "bin" / "python"), "-c", REFUSALS, bfcl.url, bandit.url],
+                                  capture_output=True, text=True, timeout=120)
         bandit_episodes = vf_eval("seeupo-vf-turnbandit", model_url, tmp / "turnbandit", "--env.taskset.serve-url",
                                   bandit.url, "--env.taskset.seeds", json.dumps(list(TURNBANDIT_SEEDS)))
     return {"bfcl": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bfcl_episodes},
-            "turnbandit": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bandit_episodes}, "tmp": tmp}
+            "turnbandit": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bandit_episodes}, "tmp": tmp,
+            "refusals": refusals}
 
 
 def test_bfcl_ground_truth_scores_one_and_an_unsolved_episode_zero_through_vf_eval(episodes):
@@ -77,3 +97,12 @@ def test_hostile_model_text_scores_zero_and_runs_nothing(episodes):
     hostile = episodes["bfcl"][HOSTILE_TASK]
     assert hostile["rewards"]["env_reward"]["score"] == 0.0
     assert not list(episodes["tmp"].glob("pwned-*"))
+
+
+def test_the_bfcl_taskset_refuses_a_split_categories_or_env_the_server_does_not_serve(episodes):
+    out = episodes["refusals"].stdout
+    assert episodes["refusals"].returncode == 0, episodes["refusals"].stderr[-3000:]
+    assert "serves BFCL split 'train', not 'test': start `seeupo-serve seeupo/BFCL-v4-v0 split=test`" in out
+    assert "does not serve the BFCL categories ['long_context']" in out
+    assert "serves 'seeupo/TurnBandit-v0', not seeupo/BFCL-v4-v0" in out
+    assert int(out.split("base tasks:")[1]) > 0
