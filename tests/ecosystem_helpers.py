@@ -121,3 +121,12 @@ def scripted_openai_server(script_json: dict, tmp: Path) -> Iterator[str]:
         process.kill()
         process.wait(timeout=30)
         log.close()
+
+
+def appworld_ground_truth_script(task_id: str) -> dict:
+    """Under the served model name `appworld-ground-truth`, every conversation gets the task's
+    ground-truth solution as its one response (the empty marker matches any first message)."""
+    from seeupo_gym.appworld import find_data_dir, render_action
+
+    solution = (find_data_dir("mini") / "tasks" / task_id / "ground_truth" / "solution.py").read_text()
+    return {"appworld-ground-truth": {"": [{"content": render_action(solution)}]}}

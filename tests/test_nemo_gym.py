@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
+from ecosystem_helpers import (GROUND_TRUTH_TASK, appworld_ground_truth_script, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
                                script, scripted_openai_server, turnbandit_replies)
 from serve_helpers import repo_root, serving
 
@@ -48,6 +48,40 @@ def prepare(url: str, agent: str, out: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+def gym_eval(tmp: Path, model_url: str, serve_urls: dict[str, str], model: str = "scripted") -> list[dict]:
+    """`gym env start` with our configs for `serve_urls`' envs, then `gym eval run --no-serve` on
+    tmp/input.jsonl; NeMo Gym's servers and Ray are stopped after. Returns the rollouts."""
+    site = next((VENV / "lib").glob("python3.*/site-packages"))
+    configs = [*(SERVER_DIR / "configs" / f"seeupo_{env}.yaml" for env in serve_urls),
+               site / "responses_api_models" / "vllm_model" / "configs" / "vllm_model.yaml"]
+    overrides = [f"+config_paths=[{','.join(map(str, configs))}]", f"+uv_venv_dir={gym_venvs(tmp)}",
+                 "+skip_venv_if_present=true", f"+policy_base_url={model_url}", "+policy_api_key=unused",
+                 f"+policy_model_name={model}",
+                 *(f"++seeupo_{env}.resources_servers.seeupo.serve_url={url}" for env, url in serve_urls.items())]
+    log = open(tmp / "gym_env_start.log", "w+")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    start = subprocess.Popen([str(VENV / "bin" / "gym"), "env", "start", *overrides], cwd=GYM_DIR, stdout=log,
+                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "servers ready!" not in (tmp / "gym_env_start.log").read_text():
+            assert start.poll() is None and time.monotonic() < deadline, (tmp / "gym_env_start.log").read_text()[-4000:]
+            time.sleep(1)
+        run = subprocess.run([str(VENV / "bin" / "gym"), "eval", "run", "--no-serve", "--input",
+                              str(tmp / "input.jsonl"), "--output", str(tmp / "rollouts.jsonl")],
+                             cwd=GYM_DIR, capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    finally:
+        os.killpg(start.pid, signal.SIGINT)  # NeMo Gym stops its servers and its Ray cluster
+        try:
+            start.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(start.pid, signal.SIGKILL)
+            start.wait(timeout=30)
+        log.close()
+    return [json.loads(line) for line in (tmp / "rollouts.jsonl").read_text().splitlines()]
+
+
 # Our resource server's reset, in NeMo Gym's venv, given a row whose prompt hash is not the served env's.
 REFUSAL = """
 import asyncio, json, sys
@@ -69,7 +103,6 @@ print("sessions left:", sorted(server.sessions))
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nemo_gym")
-    site = next((VENV / "lib").glob("python3.*/site-packages"))
     with serving("seeupo/BFCL-v4-v0") as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
             scripted_openai_server(script(tmp), tmp) as model_url:
         rows = prepare(bfcl.url, "seeupo_bfcl_agent", tmp / "bfcl.jsonl",
@@ -79,36 +112,7 @@ def rollouts(tmp_path_factory):
         (tmp / "input.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         refusal = subprocess.run([str(VENV / "bin" / "python"), "-c", REFUSAL, bfcl.url, json.dumps(rows[0])],
                                  cwd=SERVER_DIR, capture_output=True, text=True, timeout=120)
-        configs = [SERVER_DIR / "configs" / "seeupo_bfcl.yaml", SERVER_DIR / "configs" / "seeupo_turnbandit.yaml",
-                   site / "responses_api_models" / "vllm_model" / "configs" / "vllm_model.yaml"]
-        overrides = [f"+config_paths=[{','.join(map(str, configs))}]", f"+uv_venv_dir={gym_venvs(tmp)}",
-                     "+skip_venv_if_present=true", f"+policy_base_url={model_url}", "+policy_api_key=unused",
-                     "+policy_model_name=scripted",
-                     f"++seeupo_bfcl.resources_servers.seeupo.serve_url={bfcl.url}",
-                     f"++seeupo_turnbandit.resources_servers.seeupo.serve_url={bandit.url}"]
-        log = open(tmp / "gym_env_start.log", "w+")
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        start = subprocess.Popen([str(VENV / "bin" / "gym"), "env", "start", *overrides], cwd=GYM_DIR, stdout=log,
-                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while "servers ready!" not in (tmp / "gym_env_start.log").read_text():
-                assert start.poll() is None and time.monotonic() < deadline, \
-                    (tmp / "gym_env_start.log").read_text()[-4000:]
-                time.sleep(1)
-            run = subprocess.run([str(VENV / "bin" / "gym"), "eval", "run", "--no-serve", "--input",
-                                  str(tmp / "input.jsonl"), "--output", str(tmp / "rollouts.jsonl")],
-                                 cwd=GYM_DIR, capture_output=True, text=True, timeout=600, env=env)
-            assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        finally:
-            os.killpg(start.pid, signal.SIGINT)  # NeMo Gym stops its servers and its Ray cluster
-            try:
-                start.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(start.pid, signal.SIGKILL)
-                start.wait(timeout=30)
-            log.close()
-    out = [json.loads(line) for line in (tmp / "rollouts.jsonl").read_text().splitlines()]
+        out = gym_eval(tmp, model_url, {"bfcl": bfcl.url, "turnbandit": bandit.url})
     return {"rows": rows, "rollouts": out, "tmp": tmp, "refusal": refusal}
 
 
@@ -147,3 +151,15 @@ def test_a_row_written_for_other_env_kwargs_is_refused_at_reset(rollouts):
     assert f"good row: {GROUND_TRUTH_TASK}" in out
     assert "refused: this row's system prompt is not the served env's" in out
     assert "sessions left: ['a']" in out  # the refused reset kept no session
+
+
+@pytest.mark.appworld
+def test_appworld_ground_truth_scores_one_through_gym_eval_run(tmp_path):
+    task_id = "mininote_1"
+    with serving("seeupo/AppWorld-v0", "split=mini") as appworld, \
+            scripted_openai_server(appworld_ground_truth_script(task_id), tmp_path) as model_url:
+        rows = prepare(appworld.url, "seeupo_appworld_agent", tmp_path / "input.jsonl", "--tasks", task_id)
+        assert [row["task_id"] for row in rows] == [task_id]
+        (rollout,) = gym_eval(tmp_path, model_url, {"appworld": appworld.url}, model="appworld-ground-truth")
+    assert rollout["info"]["task_id"] == task_id and rollout["info"]["success"] is True
+    assert rollout["reward"] == 1.0 and rollout["terminated"] is True

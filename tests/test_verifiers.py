@@ -14,7 +14,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
+from ecosystem_helpers import (GROUND_TRUTH_TASK, appworld_ground_truth_script, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
                                script, scripted_openai_server, turnbandit_replies)
 from serve_helpers import repo_root, serving
 
@@ -27,9 +27,9 @@ pytestmark = [
 ]
 
 
-def vf_eval(taskset: str, model_url: str, out: Path, *args: str) -> list[dict]:
+def vf_eval(taskset: str, model_url: str, out: Path, *args: str, model: str = "scripted") -> list[dict]:
     run = subprocess.run(
-        [str(VENV / "bin" / "vf-eval"), taskset, "--model", "scripted", "--client.base-url", model_url,
+        [str(VENV / "bin" / "vf-eval"), taskset, "--model", model, "--client.base-url", model_url,
          "--client.api-key-var", "SCRIPTED_API_KEY", "--no-push", "--no-rich", "-o", str(out), *args],
         capture_output=True, text=True, timeout=600, env={**os.environ, "SCRIPTED_API_KEY": "unused"})
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
@@ -106,3 +106,15 @@ def test_the_bfcl_taskset_refuses_a_split_categories_or_env_the_server_does_not_
     assert "does not serve the BFCL categories ['long_context']" in out
     assert "serves 'seeupo/TurnBandit-v0', not seeupo/BFCL-v4-v0" in out
     assert int(out.split("base tasks:")[1]) > 0
+
+
+@pytest.mark.appworld
+def test_appworld_ground_truth_scores_one_through_vf_eval(tmp_path):
+    task_id = "mininote_1"
+    with serving("seeupo/AppWorld-v0", "split=mini") as appworld, \
+            scripted_openai_server(appworld_ground_truth_script(task_id), tmp_path) as model_url:
+        (episode,) = vf_eval("seeupo-vf-appworld", model_url, tmp_path / "out", "--env.taskset.serve-url", appworld.url,
+                             "--env.taskset.task-ids", json.dumps([task_id]), model="appworld-ground-truth")
+    trace = seat(episode)
+    assert trace["info"]["seeupo"]["success"] is True
+    assert trace["rewards"]["env_reward"]["score"] == 1.0
