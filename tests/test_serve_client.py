@@ -16,7 +16,7 @@ pytest.importorskip("websockets.asyncio.client")
 from serve_helpers import repo_root, serving_in_process  # noqa: E402
 
 sys.path.insert(0, str(repo_root() / "ecosystems" / "serve_client"))
-from seeupo_serve_client import ServeError, ServeSession, parse_step, ws_url  # noqa: E402
+from seeupo_serve_client import ServeError, ServeSession, parse_step, served_env, user_turn, ws_url  # noqa: E402
 
 from ecosystem_helpers import GROUND_TRUTH_TASK, ground_truth_replies  # noqa: E402
 from seeupo_gym.integrations.openenv_server import create_app  # noqa: E402
@@ -72,6 +72,11 @@ def test_a_served_bfcl_ground_truth_scores_one_and_protocol_looking_text_is_only
         steps = asyncio.run(play(url, ground_truth_replies(GROUND_TRUTH_TASK), token="s3cret"))
         assert steps[-1].done and steps[-1].reward == 1.0 and steps[-1].info["success"] is True
         assert steps[0].messages[0]["role"] == "system"
+        assert user_turn(steps[0].messages) == steps[0].messages[1]["content"]
+        served = served_env(url, token="s3cret")
+        assert served["env_id"] == "seeupo/BFCL-v4-v0" and served["task_ids"][0].startswith("multi_turn_base_")
+        with pytest.raises(ServeError, match="cannot read what"):
+            served_env(url, token="wrong")
         # Text shaped like a protocol message is a turn's response, never a reset.
         hostile = json.dumps({"type": "reset", "data": {"task_id": "multi_turn_base_1"}})
         steps = asyncio.run(play(url, [hostile], token="s3cret"))

@@ -20,6 +20,8 @@ import asyncio
 import json
 import math
 import os
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -49,6 +51,38 @@ class Step:
     def messages(self) -> list[dict[str, Any]]:
         """The env's chat so far (system prompt, user turns, the responses, tool results)."""
         return [dict(message) for message in self.info.get("messages") or [] if isinstance(message, dict)]
+
+
+def system_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The env's system prompt, as chat messages."""
+    return [{"role": "system", "content": str(m.get("content", ""))} for m in messages if m.get("role") == "system"]
+
+
+def user_turn(messages: list[dict[str, Any]]) -> str:
+    """What the env said (its messages other than the system prompt), as one user turn."""
+    return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") != "system")
+
+
+def served_env(base_url: str, *, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """What the server serves (`GET /seeupo/env`): its env id, kwargs, default kwargs and task ids."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    ws_url(base_url)  # the same URL check
+    request = urllib.request.Request(base_url.rstrip("/") + "/seeupo/env",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            body = answer.read(MAX_MESSAGE_BYTES + 1)
+    except (urllib.error.URLError, OSError) as error:
+        raise ServeError(f"cannot read what {base_url} serves (GET /seeupo/env): {error}") from None
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ServeError(f"{base_url}/seeupo/env answered more than {MAX_MESSAGE_BYTES} bytes")
+    try:
+        served = json.loads(body)
+    except ValueError:
+        raise ServeError(f"{base_url}/seeupo/env answered something that is not JSON") from None
+    if not isinstance(served, dict):
+        raise ServeError(f"{base_url}/seeupo/env answered {type(served).__name__}, not an object")
+    return served
 
 
 def ws_url(base_url: str) -> str:

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 from pydantic import Field
 
 import verifiers.v1 as vf
-from verifiers.v1.harnesses.null import NullHarness, NullHarnessConfig
+from verifiers.v1.harnesses.null import NullHarness
 from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE, launch_chat_program
 from verifiers.v1.runtimes import SubprocessConfig
-from seeupo_serve_client import TOKEN_ENV, ServeError, ServeSession, Step
+from seeupo_serve_client import ServeSession, Step, served_env, user_turn
 
 
 class SeeupoData(vf.TaskData):
@@ -45,26 +43,6 @@ class SeeupoConfig(vf.TasksetConfig):
     """Tasks to play (default: every task the server lists, see the taskset's own filters)."""
     timeout_s: float = Field(600.0, gt=0)
     """One env reset or step."""
-
-
-def served_env(url: str) -> dict[str, Any]:
-    """What the server serves (`GET /seeupo/env`): its env id, kwargs and task ids."""
-    token = os.environ.get(TOKEN_ENV)
-    try:
-        answer = httpx.get(url.rstrip("/") + "/seeupo/env", timeout=60,
-                           headers={"Authorization": f"Bearer {token}"} if token else {})
-        answer.raise_for_status()
-        served = answer.json()
-    except (httpx.HTTPError, ValueError) as error:
-        raise ServeError(f"cannot read what {url} serves (GET /seeupo/env): {error}") from None
-    if not isinstance(served, dict):
-        raise ServeError(f"{url}/seeupo/env answered {type(served).__name__}, not an object")
-    return served
-
-
-def user_text(messages: list[dict[str, Any]]) -> str:
-    """What the env said since the model's last response, as one user turn."""
-    return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") != "system")
 
 
 class SeeupoTask(vf.Task[SeeupoData]):
@@ -154,7 +132,7 @@ class SeeupoEnv(vf.Env[SeeupoEnvConfig]):
             played = task.with_data(system_prompt=system or None, prompt=None)
             total, done, last = 0.0, False, first
             async with agents.player.interaction(played) as interaction:
-                segment = await interaction.turn(user_text(messages))
+                segment = await interaction.turn(user_turn(messages))
                 seen = len(messages)
                 while not segment.terminated:
                     last = await env.step(segment.last_reply)
@@ -164,7 +142,7 @@ class SeeupoEnv(vf.Env[SeeupoEnvConfig]):
                         break
                     messages = last.messages
                     # The env's messages after the response it recorded: the next user turn.
-                    segment = await interaction.turn(user_text(messages[seen + 1:]) or last.text)
+                    segment = await interaction.turn(user_turn(messages[seen + 1:]) or last.text)
                     seen = len(messages)
                 interaction.trace.info["seeupo"] = {
                     "return": total, "done": done, "truncated": last.truncated,

@@ -26,23 +26,14 @@ from nemo_gym.base_resources_server import BaseResourcesServerConfig
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import SESSION_ID_KEY
 from resources_servers.gymnasium import GymnasiumServer, extract_text
-from seeupo_serve_client import ServeError, ServeSession, Step
+from seeupo_serve_client import ServeError, ServeSession, Step, system_messages, user_turn
 
 # Info keys passed back per step: small and JSON-safe (the chat itself is in the rollout).
 INFO_KEYS = ("turn", "task_id", "user_turn", "action_error", "end", "success", "category", "num_user_turns")
 
 
-def system_messages(step: Step) -> list[dict[str, str]]:
-    return [{"role": "system", "content": str(m.get("content", ""))} for m in step.messages if m.get("role") == "system"]
-
-
 def prompt_sha256(system: list[dict[str, str]]) -> str:
     return hashlib.sha256(json.dumps(system, sort_keys=True).encode()).hexdigest()
-
-
-def user_text(messages: list[dict[str, Any]]) -> str:
-    """What the env said since the model's last response, as one user turn."""
-    return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") != "system")
 
 
 def small_info(step: Step) -> dict[str, Any]:
@@ -75,7 +66,7 @@ class SeeupoServer(GymnasiumServer):
         try:
             first = await session.reset(**options)
             expected = metadata.get("prompt_sha256")
-            if expected is not None and expected != prompt_sha256(system_messages(first)):
+            if expected is not None and expected != prompt_sha256(system_messages(first.messages)):
                 raise ServeError("this row's system prompt is not the served env's (another env, or other env kwargs): "
                                  "write the rows again with prepare_data.py against this server")
         except BaseException:
@@ -83,7 +74,7 @@ class SeeupoServer(GymnasiumServer):
             raise
         messages = first.messages
         self.sessions[session_id] = [session, len(messages)]
-        return user_text(messages), {**small_info(first), "supports_explicit_close": True}
+        return user_turn(messages), {**small_info(first), "supports_explicit_close": True}
 
     async def step(self, action: NeMoGymResponse, metadata: dict, session_id: Optional[str] = None
                    ) -> tuple[Optional[str], float, bool, bool, dict]:
@@ -94,7 +85,7 @@ class SeeupoServer(GymnasiumServer):
         result = await session.step(extract_text(action))
         messages = result.messages
         # The new messages after the response the env recorded: the next user turn or tool results.
-        observation = None if result.done else user_text(messages[seen + 1:]) or result.text
+        observation = None if result.done else user_turn(messages[seen + 1:]) or result.text
         entry[1] = len(messages)
         return observation, result.reward, result.done and not result.truncated, result.truncated, small_info(result)
 

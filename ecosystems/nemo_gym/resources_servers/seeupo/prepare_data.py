@@ -11,23 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from app import prompt_sha256, system_messages  # noqa: E402
-from seeupo_serve_client import TOKEN_ENV, ServeSession  # noqa: E402
+from app import prompt_sha256  # noqa: E402
+from seeupo_serve_client import ServeSession, served_env, system_messages  # noqa: E402
 
 
 def served_task_ids(url: str) -> list[str]:
-    token = os.environ.get(TOKEN_ENV)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    answer = httpx.get(url.rstrip("/") + "/seeupo/env", headers=headers, timeout=60)
-    answer.raise_for_status()
-    task_ids = answer.json().get("task_ids")
+    task_ids = served_env(url).get("task_ids")
     if not isinstance(task_ids, list) or not all(isinstance(task, str) for task in task_ids):
         raise SystemExit(f"prepare_data: {url} lists no task ids; pass --tasks")
     return task_ids
@@ -38,7 +31,7 @@ async def rows(url: str, agent: str, task_ids: list[str | None], seeds: list[int
     async with ServeSession(url) as session:
         for task_id, seed in ((task_id, seed) for task_id in task_ids for seed in seeds):
             options = {key: value for key, value in (("task_id", task_id), ("seed", seed)) if value is not None}
-            system = system_messages(await session.reset(**options))
+            system = system_messages((await session.reset(**options)).messages)
             out.append({"responses_create_params": {"input": system}, **options, "prompt_sha256": prompt_sha256(system),
                         "agent_ref": {"type": "responses_api_agents", "name": agent}})
     return out
