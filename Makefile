@@ -141,7 +141,10 @@ DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0,1 --eval-every 0 -k 2 --eval-tem
 demo: venv model
 	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)
 
+# The NeMo Gym and verifiers runner tests are slow-suite tests (~2.5 min, their venvs ~2 min more):
+# built here, and skipped with the reason where they cannot be built.
 test-slow: venv appworld-venv appworld-mini chromium
+	$(MAKE) nemo-gym-venv verifiers-venv || echo "a runner venv could not be built: tests/test_nemo_gym.py or tests/test_verifiers.py will be skipped"
 	$(PY) -m pytest -q -m slow --durations=25
 
 clean:
