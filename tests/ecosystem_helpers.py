@@ -24,6 +24,8 @@ GROUND_TRUTH_TASK = "multi_turn_base_0"
 UNSOLVED_TASK = "multi_turn_base_1"   # the model only ever says "Done." (the fake server's default)
 HOSTILE_TASK = "multi_turn_base_2"
 TURNBANDIT_SEEDS = (0, 1)
+# The BFCL server requires a token (as off loopback): the runners send $SEEUPO_SERVE_TOKEN.
+TOKEN = {"SEEUPO_SERVE_TOKEN": "ecosystems-test-token"}
 # Code a runner must never run: each would leave its marker file if anything evaluated it.
 HOSTILE_REPLIES = (
     "<think></think>\n[__import__('os').system('touch {marker}')]",

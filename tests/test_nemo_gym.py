@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ecosystem_helpers import (GROUND_TRUTH_TASK, appworld_ground_truth_script, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
-                               script, scripted_openai_server, turnbandit_replies)
+from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TOKEN, TURNBANDIT_SEEDS, UNSOLVED_TASK,
+                               appworld_ground_truth_script, local_return, script, scripted_openai_server,
+                               turnbandit_replies)
 from serve_helpers import repo_root, serving
 
 ROOT = repo_root()
@@ -44,7 +45,7 @@ def gym_venvs(tmp: Path) -> Path:
 
 def prepare(url: str, agent: str, out: Path, *args: str) -> list[dict]:
     subprocess.run([str(VENV / "bin" / "python"), str(SERVER_DIR / "prepare_data.py"), "--url", url, "--agent", agent,
-                    "--out", str(out), *args], check=True, timeout=120)
+                    "--out", str(out), *args], check=True, timeout=120, env={**os.environ, **TOKEN})
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -59,7 +60,7 @@ def gym_eval(tmp: Path, model_url: str, serve_urls: dict[str, str], model: str =
                  f"+policy_model_name={model}",
                  *(f"++seeupo_{env}.resources_servers.seeupo.serve_url={url}" for env, url in serve_urls.items())]
     log = open(tmp / "gym_env_start.log", "w+")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **TOKEN}  # NeMo Gym hands its environment to the servers
     start = subprocess.Popen([str(VENV / "bin" / "gym"), "env", "start", *overrides], cwd=GYM_DIR, stdout=log,
                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -103,7 +104,7 @@ print("sessions left:", sorted(server.sessions))
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nemo_gym")
-    with serving("seeupo/BFCL-v4-v0") as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
+    with serving("seeupo/BFCL-v4-v0", env=TOKEN) as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
             scripted_openai_server(script(tmp), tmp) as model_url:
         rows = prepare(bfcl.url, "seeupo_bfcl_agent", tmp / "bfcl.jsonl",
                        "--tasks", f"{GROUND_TRUTH_TASK},{UNSOLVED_TASK},{HOSTILE_TASK}")
@@ -111,7 +112,7 @@ def rollouts(tmp_path_factory):
                         "--seeds", ",".join(map(str, TURNBANDIT_SEEDS)))
         (tmp / "input.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         refusal = subprocess.run([str(VENV / "bin" / "python"), "-c", REFUSAL, bfcl.url, json.dumps(rows[0])],
-                                 cwd=SERVER_DIR, capture_output=True, text=True, timeout=120)
+                                 cwd=SERVER_DIR, capture_output=True, text=True, timeout=120, env={**os.environ, **TOKEN})
         out = gym_eval(tmp, model_url, {"bfcl": bfcl.url, "turnbandit": bandit.url})
     return {"rows": rows, "rollouts": out, "tmp": tmp, "refusal": refusal}
 

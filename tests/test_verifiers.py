@@ -14,8 +14,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from ecosystem_helpers import (GROUND_TRUTH_TASK, appworld_ground_truth_script, HOSTILE_TASK, TURNBANDIT_SEEDS, UNSOLVED_TASK, local_return,
-                               script, scripted_openai_server, turnbandit_replies)
+from ecosystem_helpers import (GROUND_TRUTH_TASK, HOSTILE_TASK, TOKEN, TURNBANDIT_SEEDS, UNSOLVED_TASK,
+                               appworld_ground_truth_script, local_return, script, scripted_openai_server,
+                               turnbandit_replies)
 from serve_helpers import repo_root, serving
 
 VENV = repo_root() / ".venv-verifiers"
@@ -31,7 +32,7 @@ def vf_eval(taskset: str, model_url: str, out: Path, *args: str, model: str = "s
     run = subprocess.run(
         [str(VENV / "bin" / "vf-eval"), taskset, "--model", model, "--client.base-url", model_url,
          "--client.api-key-var", "SCRIPTED_API_KEY", "--no-push", "--no-rich", "-o", str(out), *args],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "SCRIPTED_API_KEY": "unused"})
+        capture_output=True, text=True, timeout=600, env={**os.environ, "SCRIPTED_API_KEY": "unused", **TOKEN})
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     (traces,) = out.glob("*/traces.jsonl")
     return [json.loads(line) for line in traces.read_text().splitlines()]
@@ -62,13 +63,13 @@ print("base tasks:", len(list(load_taskset(config))))
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verifiers")
-    with serving("seeupo/BFCL-v4-v0") as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
+    with serving("seeupo/BFCL-v4-v0", env=TOKEN) as bfcl, serving("seeupo/TurnBandit-v0") as bandit, \
             scripted_openai_server(script(tmp), tmp) as model_url:
         tasks = json.dumps([GROUND_TRUTH_TASK, UNSOLVED_TASK, HOSTILE_TASK])
         bfcl_episodes = vf_eval("seeupo-vf-bfcl", model_url, tmp / "bfcl", "--env.taskset.serve-url", bfcl.url,
                                 "--env.taskset.task-ids", tasks, "--env.taskset.categories", '["base"]')
         refusals = subprocess.run([str(VENV / "bin" / "python"), "-c", REFUSALS, bfcl.url, bandit.url],
-                                  capture_output=True, text=True, timeout=120)
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, **TOKEN})
         bandit_episodes = vf_eval("seeupo-vf-turnbandit", model_url, tmp / "turnbandit", "--env.taskset.serve-url",
                                   bandit.url, "--env.taskset.seeds", json.dumps(list(TURNBANDIT_SEEDS)))
     return {"bfcl": {seat(e)["info"]["seeupo"]["task_id"]: seat(e) for e in bfcl_episodes},
