@@ -136,7 +136,7 @@ def verl_is_weights(log_ratio, mask, level, threshold, batch_normalize):
         w = raw.clamp(max=float(threshold))
     if batch_normalize:
         if level == "token":
-            mean = (w * m).sum() / m.sum()
+            mean = (w * m).sum() / (m.sum() + 1e-8)  # verl_F.masked_mean
         else:
             seq_w = (w * m).sum(-1) / (m.sum(-1) + 1e-8)
             seq_mask = (m.sum(-1) > 0).to(w.dtype)
@@ -490,7 +490,7 @@ def verl_step(batch, policy, options, loss_mode, version="0.9.1"):
     if options.get("use_kl_in_reward"):
         kld = verl_kl_penalty(old_rows, ref_rows, options.get("kl_penalty", "kl")) * mask
         scores = scores - beta * kld.sum(-1)  # token_level_scores - beta * kld, summed by GRPO
-        current_kl = float(((kld * mask).sum(-1) / mask.sum(-1)).mean())
+        current_kl = float(((kld * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean())  # masked_mean(axis=-1), then mean
     advantages = verl_grpo_advantages(scores, [batch[r].group_id for r in rids])
     weights, keep = torch.ones_like(old_rows), mask
     rc = options.get("rollout_correction")
