@@ -403,3 +403,14 @@ def test_stopping_says_stop_in_the_prompt_and_the_observation():
     text, reward, terminated, _, info = env.step(act("ABCDEFGH"[task.stops[0]]))
     assert terminated and "(stop)" in text and reward == task.reward((task.stops[0],))
     assert info["choices"] == "ABCDEFGH"[task.stops[0]] and not info["success"] or reward >= task.optimal_value
+
+
+@pytest.mark.parametrize("bad", ["", "stop", "Z", "A B", "<think>stop", "\x00C", "C" * 9000, None])
+def test_stopping_hostile_answers_are_invalid_turns_never_a_stop_or_a_crash(bad):
+    env = TurnBanditEnv(variant="stopping", num_tasks=2, invalid_penalty=0.1)
+    task = env.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    _, reward, terminated, truncated, info = env.step(bad)
+    assert (reward, terminated, truncated) == (0.0, False, False) and info["invalid_action"]
+    _, reward, terminated, _, _ = env.step(act("ABCDEFGH"[task.stops[0]]))  # the same decision, asked again
+    assert terminated and reward == pytest.approx(max(0.0, task.reward((task.stops[0],)) - 0.1))
