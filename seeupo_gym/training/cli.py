@@ -34,7 +34,7 @@ from seeupo_gym.training.config import Config, ConfigError, config_from_dict, lo
 from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
-from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, check_model_source
+from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, ServerCheckError, check_model_source
 
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
@@ -83,7 +83,7 @@ def train_main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a model or file that does not load: the cause, not a traceback
         print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
         return 2
-    except ServeError as error:  # generation.serve: the server did not come up (its log's tail follows)
+    except (ServeError, ServerCheckError) as error:  # generation.serve did not come up; generation.base_url does not answer
         print(f"seeupo-train: {error}", file=sys.stderr)
         return 2
     with trainer:
@@ -237,6 +237,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a model or checkpoint that does not load: the cause, not a traceback
         print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
+    except ServerCheckError as error:  # --base-url: a dead or mistyped server, before any episode
+        print(f"seeupo-eval: {error}", file=sys.stderr)
+        return 2
     from seeupo_gym.training.model_source import evaluate_source
 
     try:
@@ -270,6 +273,10 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(result.table())
         if args.protocol == "paper":
             print(paper_table(result))
+    if result.all_failed_on_the_server:
+        print(f"seeupo-eval: every episode ({result.backend_errors}) ended with backend_error: the scores above measure "
+              f"no model; first: {result.backend_error_episodes[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

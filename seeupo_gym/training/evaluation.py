@@ -110,8 +110,15 @@ class EvalResult:
     model: str = ""
     checkpoint: str | None = None
     rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    # Episodes a remote model server ended (no usable reply after retries), scored as failures.
+    # Episodes a remote model server ended (no usable reply after retries), scored as failures:
+    # how many, and "<rollout id>: <error>" for each.
     backend_errors: int = 0
+    backend_error_episodes: list[str] = field(default_factory=list)
+
+    @property
+    def all_failed_on_the_server(self) -> bool:
+        """Every episode ended because the model server did not answer: the scores measure nothing."""
+        return bool(self.outcomes) and self.backend_errors == len(self.outcomes)
 
     @property
     def avg_at_k(self) -> float:
@@ -139,6 +146,7 @@ class EvalResult:
             "wall_seconds": self.wall_seconds,
             "generated_tokens": self.generated_tokens,
             "backend_errors": self.backend_errors,
+            "backend_error_episodes": self.backend_error_episodes,
         }
 
 
@@ -220,14 +228,14 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    backend_errors = 0
+    backend_errors: list[str] = []
 
     def record(batch: Any) -> None:
-        nonlocal backend_errors
         for trajectory in batch:
             category = trajectory_category(trajectory)
             outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
-            backend_errors += trajectory.info.get("end") == "backend_error"
+            if trajectory.info.get("end") == "backend_error":
+                backend_errors.append(f"{trajectory.rollout_id}: {trajectory.info.get('error', 'no reply')}")
             if keep_rollouts:
                 rollouts.append(
                     {
@@ -291,8 +299,9 @@ def evaluate_policy(
                 bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
                 after_chunk(index, begin + len(part))
     if backend_errors:
-        logger.warning("%d of %d episodes ended because the model server did not answer usably (counted as failures)",
-                       backend_errors, len(outcomes))
+        shown = "; ".join(backend_errors[:3]) + (f"; and {len(backend_errors) - 3} more" if len(backend_errors) > 3 else "")
+        logger.warning("%d of %d episodes ended with backend_error, the model server giving no usable reply "
+                       "(scored 0): %s", len(backend_errors), len(outcomes), shown)
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -306,7 +315,8 @@ def evaluate_policy(
         wall_seconds=time.perf_counter() - started,
         generated_tokens=tokens,
         rollouts=rollouts,
-        backend_errors=backend_errors,
+        backend_errors=len(backend_errors),
+        backend_error_episodes=backend_errors,
     )
 
 

@@ -33,8 +33,9 @@ from seeupo_gym.training.compare.plan import (
     parse_seeds,
     parse_sets,
 )
-from seeupo_gym.training.compare.report import write_report
+from seeupo_gym.training.compare.report import RUN_INFO, write_report
 from seeupo_gym.training.config import ConfigError, config_from_dict
+from seeupo_gym.training.model_source import ServerCheckError, check_training_server
 
 # Without --model: algorithms trained from the shared config.
 DEFAULT_ALGORITHMS = "seeupo,grpo"
@@ -130,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             options=parse_sets(args.set),
             save_checkpoints=args.save_checkpoints,
         )
+        check_training_server(plan.runs[0].config)  # generation.backend: openai, before any run
     except ConfigError as error:
+        print(f"seeupo-compare: {error}", file=sys.stderr)
+        return 2
+    except ServerCheckError as error:  # a dead or mistyped server, before any run
         print(f"seeupo-compare: {error}", file=sys.stderr)
         return 2
     runs = ", ".join(f"{r.label}/seed-{r.seed}" for r in plan.runs)
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = run_all(plan, progress=not args.no_progress, command=_command(argv))
     print(f"report: {folder / 'report.md'}")
     print(f"curves: {folder / 'curves.png'}")
-    return 0
+    return _exit_code(folder, len(plan.runs))
 
 
 def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[str] | None) -> int:
@@ -175,11 +180,26 @@ def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[st
     print(f"seeupo-compare: {len(plan.models)} models ({', '.join(r.label for r in plan.models)}) x "
           f"{len(plan.seeds)} seed(s) on {config.env.id}: {len(plan.eval_tasks)} tasks x {eval_plan.n} rollouts, at "
           f"most {max_new_tokens} new tokens per turn -> {plan.output_dir}", file=sys.stderr)
+    for run in plan.models:  # every server answers before the first evaluation starts
+        if run.source.served:
+            try:
+                run.source.open(run.config).close()
+            except ServerCheckError as error:
+                raise ServerCheckError(f"--model {run.label}: {error}") from None
     from seeupo_gym.training.compare.run import evaluate_models
 
     folder = evaluate_models(plan, progress=not args.no_progress, command=_command(argv))
     print(f"report: {folder / 'report.md'}")
     print(f"scores: {folder / 'scores.png'}")
+    return _exit_code(folder, len(plan.models))
+
+
+def _exit_code(folder: Any, runs: int) -> int:
+    """0 unless every run (or model) failed: one failure is reported beside the others' results."""
+    failures = json.loads((folder / RUN_INFO).read_text()).get("failures") or {}
+    if len(failures) >= runs:
+        print(f"seeupo-compare: every run failed ({len(failures)}); see {folder / 'report.md'}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -211,6 +211,9 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
                         slow_hint="fewer models, seeds, eval tasks, rollouts (-n, -k) or tokens (--max-new-tokens) shorten it",
                     )
                     _write_model_result(run.folder / f"seed-{seed}", run, result)
+                    if result.all_failed_on_the_server:  # a score of 0 that measures no model
+                        raise RuntimeError(f"seed {seed}: every episode ({result.backend_errors}) ended with "
+                                           f"backend_error; first: {result.backend_error_episodes[0]}")
                     bar.update(1)
                     done += 1
                     tqdm.write(f"{run.label} seed {seed}: avg@{ev.k} {result.avg_at_k:.3f}, pass@{ev.k} "
