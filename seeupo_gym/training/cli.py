@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
+from seeupo_gym.training.interrupts import EXIT_INTERRUPTED, Interrupts
 from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
@@ -39,6 +40,16 @@ from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, S
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= 400 else text[:400] + " ..."
+
+
+def quiet_libraries() -> None:
+    """What a checkpoint spilled: accelerate's INFO lines, its note that the tied lm_head was left out
+    (expected: the embeddings hold it), and transformers' shard-writing bars."""
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    logging.getLogger("accelerate.utils.other").addFilter(lambda record: "Removed shared tensor" not in record.getMessage())
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,12 +65,13 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "folder of that run (in a folder without a run: a new run starting from it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides before, between or after the flags
 
 
 def train_main(argv: list[str] | None = None) -> int:
     args = parse_train_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
     overrides = list(args.overrides)
     if args.resume:
         overrides.append(f"resume_from={args.resume}")
@@ -86,13 +98,58 @@ def train_main(argv: list[str] | None = None) -> int:
     except (ServeError, ServerCheckError) as error:  # generation.serve did not come up; generation.base_url does not answer
         print(f"seeupo-train: {error}", file=sys.stderr)
         return 2
-    with trainer:
-        records = trainer.train()
+    except KeyboardInterrupt as error:  # Ctrl-C while the model loads
+        print(interrupted_line("seeupo-train", error, 0, None, ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    from seeupo_gym.training.collection import RolloutError
+
+    with Interrupts() as interrupts:
+        try:
+            try:
+                records = trainer.train()
+            finally:
+                with interrupts.ignored():  # a second Ctrl-C waits for the envs and servers to close
+                    trainer.close()
+        except KeyboardInterrupt as error:
+            if trainer.is_main:
+                print(interrupted_line("seeupo-train", error, trainer.state.step, trainer.last_checkpoint,
+                                       resume_command(sys.argv[1:] if argv is None else argv)), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except RolloutError as error:  # the env or the model server failed the step (its cause in one line)
+            print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
+            return 1
     last = [r for r in records if "rollout/reward_mean" in r]
     if trainer.is_main and last:
         print(f"done: step {trainer.state.step}, last reward {last[-1]['rollout/reward_mean']:.4f}, "
               f"run folder {trainer.output_dir}")
     return 0
+
+
+def resume_command(argv: Sequence[str], program: str = "seeupo-train") -> str:
+    """The command line that continues an interrupted run: the same one, with `--resume latest`."""
+    import shlex
+
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            skip = True
+            continue
+        if arg.startswith("--resume="):
+            continue
+        kept.append(arg)
+    return shlex.join([program, *kept, "--resume", "latest"])
+
+
+def interrupted_line(program: str, error: BaseException, step: int, checkpoint: Path | None, command: str) -> str:
+    """One line after Ctrl-C or SIGTERM: what is kept and the command that continues."""
+    signal_name = getattr(error, "signal_name", "SIGINT")
+    if step == 0 or checkpoint is None:
+        return f"{program}: stopped by {signal_name} before step 1 finished: nothing to keep; run the same command again"
+    return f"{program}: stopped by {signal_name}; step {step} is kept in {checkpoint}; continue with: {command}"
 
 
 
@@ -157,7 +214,7 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
     output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 PAPER_PRESETS = {"seeupo/BFCL-v4-v0": "paper-bfcl", "seeupo/BFCL-v4-base-v0": "paper-bfcl", "seeupo/AppWorld-v0": "paper-appworld"}
