@@ -143,6 +143,10 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
             record["error"] = f"{type(error).__name__}: {error}"
             return finish("backend_error", 0.0, False, True, info)
         action = render_reply(reply.content, reply.tool_calls, bool(tools))
+        if not tools:  # the ReAct format reads the text: calls the server made as tool calls are lost
+            dropped = len(reply.tool_calls) + reply.content.count("<tool_call>")
+            if dropped:
+                record["dropped_tool_calls"] = record.get("dropped_tool_calls", 0) + dropped
         record["actions"].append(action)
         turns.append(Turn(context_ids=[], response_ids=[], sample_logprobs=[], finish_reason=reply.finish_reason))
         if on_turn is not None:

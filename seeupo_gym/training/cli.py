@@ -236,6 +236,14 @@ def _apply_protocol(args: argparse.Namespace) -> None:
     args.k, args.n = PAPER_K, PAPER_K
     if args.temperature is None:
         args.temperature = 0.0
+    given = args.env_kwargs if isinstance(args.env_kwargs, dict) else {}
+    if (args.base_url and args.mode == "chat" and "action_format" not in given
+            and (args.env_kwargs is None or isinstance(args.env_kwargs, dict))
+            and not any(o.startswith("env.kwargs.action_format=") for o in args.overrides)):
+        # A chat server answers with tool calls, which the ReAct format (the paper's prompt) would drop.
+        args.env_kwargs = {**given, "action_format": "tools"}
+        print("seeupo-eval: --protocol paper on a chat server: the env's tools format, the way a chat API calls "
+              "functions (the paper's prompt is the ReAct text format: --mode tokens keeps it)", file=sys.stderr)
 
 
 def paper_table(result: Any) -> str:

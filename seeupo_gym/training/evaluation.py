@@ -114,6 +114,8 @@ class EvalResult:
     # how many, and "<rollout id>: <error>" for each.
     backend_errors: int = 0
     backend_error_episodes: list[str] = field(default_factory=list)
+    # Tool calls a chat server sent to an env in the ReAct format, which reads only the text.
+    dropped_tool_calls: int = 0
 
     @property
     def all_failed_on_the_server(self) -> bool:
@@ -147,6 +149,7 @@ class EvalResult:
             "generated_tokens": self.generated_tokens,
             "backend_errors": self.backend_errors,
             "backend_error_episodes": self.backend_error_episodes,
+            "dropped_tool_calls": self.dropped_tool_calls,
         }
 
 
@@ -229,11 +232,13 @@ def evaluate_policy(
     tokens = 0
     started = time.perf_counter()
     backend_errors: list[str] = []
+    dropped = [0]
 
     def record(batch: Any) -> None:
         for trajectory in batch:
             category = trajectory_category(trajectory)
             outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
+            dropped[0] += int(trajectory.info.get("dropped_tool_calls", 0))
             if trajectory.info.get("end") == "backend_error":
                 backend_errors.append(f"{trajectory.rollout_id}: {trajectory.info.get('error', 'no reply')}")
             if keep_rollouts:
@@ -302,6 +307,9 @@ def evaluate_policy(
         shown = "; ".join(backend_errors[:3]) + (f"; and {len(backend_errors) - 3} more" if len(backend_errors) > 3 else "")
         logger.warning("%d of %d episodes ended with backend_error, the model server giving no usable reply "
                        "(scored 0): %s", len(backend_errors), len(outcomes), shown)
+    if dropped[0]:
+        logger.warning("%d tool calls from the model server were dropped: the env's ReAct format reads the reply's "
+                       "text only; evaluate a chat server with env kwargs {\"action_format\": \"tools\"}", dropped[0])
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -317,6 +325,7 @@ def evaluate_policy(
         rollouts=rollouts,
         backend_errors=len(backend_errors),
         backend_error_episodes=backend_errors,
+        dropped_tool_calls=dropped[0],
     )
 
 
