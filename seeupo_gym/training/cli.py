@@ -209,8 +209,9 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     output.add_argument("--out", help="write the result as JSON to this file")
     output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
     output.add_argument("--export-bfcl", metavar="DIR",
-                        help="BFCL: also write the episodes as bfcl-eval result files (DIR/rollout-<r>/"
-                             "BFCL_v4_multi_turn_<category>_result.json), for bfcl-eval's own evaluation")
+                        help="BFCL: also write the episodes as bfcl-eval result files in its layout (DIR/rollout-<r>/"
+                             "gpt-4o-2024-11-20/multi_turn/BFCL_v4_multi_turn_<category>_result.json, a prompting "
+                             "model's folder), scored by `bfcl evaluate` (docs/training.md)")
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
     output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
@@ -325,10 +326,12 @@ def eval_main(argv: list[str] | None = None) -> int:
             for record in result.rollouts:
                 f.write(json.dumps(record, default=str) + "\n")
     if args.export_bfcl:
-        from seeupo_gym.bfcl.export import write_results
+        from seeupo_gym.bfcl.export import bfcl_evaluate_command, write_results
 
         written = write_results(result.rollouts, args.export_bfcl, env_kwargs)
-        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}", file=sys.stderr)
+        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}; bfcl-eval's own score of the "
+              f"first rollouts (make bfcl-eval-venv): {bfcl_evaluate_command(args.export_bfcl, bfcl='.venv-bfcl/bin/bfcl')}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
