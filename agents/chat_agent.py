@@ -97,6 +97,7 @@ def collect_chat(
     env_kwargs: dict[str, Any] | None = None,
     concurrency: int = 8,
     on_turn: Any = None,
+    on_episode: Any = None,
 ) -> RolloutBatch:
     """`group_size` episodes of every task with a chat-mode `OpenAIBackend`, `concurrency` at once
     (each on its own env). Same seed, same requests (per (episode, turn) seeds)."""
@@ -106,9 +107,12 @@ def collect_chat(
         index, task_id, b, g = job
         env = gym.make(env_id, **(env_kwargs or {}))
         try:
-            return _episode(backend, env, task_id, b, g, index, seed, sampling, on_turn)
+            trajectory = _episode(backend, env, task_id, b, g, index, seed, sampling, on_turn)
         finally:
             env.close()
+        if on_episode is not None:  # e.g. a progress bar: one step per finished episode
+            on_episode(trajectory)
+        return trajectory
 
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="chat-episode") as pool:
         trajectories = list(pool.map(run, jobs))

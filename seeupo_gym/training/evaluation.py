@@ -283,8 +283,8 @@ def evaluate_policy(
             for index, begin in enumerate(range(0, len(tasks), chunk)):
                 part = tasks[begin : begin + chunk]
                 record(collect_chat(backend, env_id, part, n, seed=derive_seed(seed, index), sampling=sampling,
-                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn))
-                bar.update(len(part) * n)
+                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn,
+                                    on_episode=lambda trajectory: bar.update(1)))  # per episode, not per chunk
                 after_chunk(index, begin + len(part))
     else:
         with bar, VectorAgent(
