@@ -46,3 +46,9 @@ def test_seeupo_export_takes_its_folder_after_the_flags(tmp_path):
     done = run("seeupo-export", "--format", "jsonl", str(folder), str(tmp_path / "out.jsonl"))
     assert "unrecognized arguments" not in done.stderr, done.stderr
     assert done.returncode == 2 and done.stderr.startswith("seeupo-export: ")  # no rollouts there: one line
+
+
+def test_counts_read_as_english():
+    from seeupo_gym.text import counted
+
+    assert [counted(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]

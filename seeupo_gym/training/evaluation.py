@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from seeupo_gym.agents.backends.base import Backend
+from seeupo_gym.text import counted
 from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 logger = logging.getLogger(__name__)
@@ -373,7 +374,7 @@ class _TurnProgress(Backend):
         self.tokens += generated
         self._bar.update(generated)
         # Shown at once: a response is the bar's unit of news (the update alone may wait for mininterval).
-        self._bar.set_postfix_str(f"{what}, {self.tokens} tokens generated")
+        self._bar.set_postfix_str(f"{what}, {counted(self.tokens, 'token')} generated")
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:
