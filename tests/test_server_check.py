@@ -74,3 +74,43 @@ def test_episodes_the_server_fails_are_counted_and_named_and_a_run_where_all_fai
     assert "1 of 2 episodes ended with backend_error" in half.stderr
     named = json.loads((tmp_path / "half.json").read_text())["backend_error_episodes"]
     assert len(named) == 1 and named[0].split(": ")[0] in half.stderr
+
+
+def test_hostile_replies_to_the_check_through_a_mock_transport_end_in_one_line_or_pass_never_raw():
+    """The check's door: whatever a server answers to GET /models (a bomb, deep nesting, non-JSON,
+    wrong shapes, names with terminal escapes) is a one-line error or a pass, read within bounds."""
+    import logging
+
+    import httpx
+
+    from seeupo_gym.agents.backends.openai import OpenAIBackend
+    from seeupo_gym.agents.backends.server_check import ServerCheckError, check_server
+
+    replies = {
+        "bomb": (200, b'{"data": [' + b'{"id": "x"},' * 500_000 + b'{"id": "m"}]}'),
+        "deep": (200, b"[" * 100_000 + b"]" * 100_000),
+        "not json": (200, b"\x00\xff<html>"),
+        "list": (200, b'[1, 2]'),
+        "escape": (200, json.dumps({"data": [{"id": "\x1b[2J\x1b]0;pwned\x07"}]}).encode()),
+        "teapot": (418, b"{}"),
+        "auth": (401, b"{}"),
+    }
+    for name, (status, body) in replies.items():
+        transport = httpx.MockTransport(lambda request, status=status, body=body: httpx.Response(status, stream=httpx.ByteStream(body)))
+        backend = OpenAIBackend("http://user:secret@127.0.0.1:9/v1", "m", mode="chat")
+        backend._client = httpx.Client(transport=transport)  # the server's bytes, replayed without a socket
+        records: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())
+        logging.getLogger("seeupo_gym.agents.backends.server_check").addHandler(handler)
+        try:
+            check_server(backend)
+            outcome = ""
+        except ServerCheckError as error:
+            outcome = str(error)
+        finally:
+            logging.getLogger("seeupo_gym.agents.backends.server_check").removeHandler(handler)
+            backend.close()
+        text = outcome + "".join(records)
+        assert "\n" not in outcome and "secret" not in text and "\x1b" not in text, (name, text)
+        assert bool(outcome) == (status != 200), (name, outcome)

@@ -57,7 +57,7 @@ def check_server(backend: Any, *, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     except httpx.TimeoutException:
         raise ServerCheckError(f"model server {url} did not answer within {timeout_s:g} s") from None
     except (httpx.TransportError, httpx.InvalidURL, ValueError) as error:
-        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        reason = " ".join(str(error).replace(backend.base_url, url).split())[:200] or type(error).__name__
         raise ServerCheckError(f"model server {url} cannot be reached: {type(error).__name__}: {reason}") from None
     if status in (401, 403):
         raise ServerCheckError(f"model server {url} refused the API key (HTTP {status}); set the variable the "
