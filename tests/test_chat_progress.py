@@ -22,3 +22,17 @@ def test_the_chat_mode_bar_moves_every_episode():
     assert done.returncode == 0, done.stderr
     shown = done.stderr.replace("\r", "\n")
     assert all(f"| {i}/4 [" in shown for i in (1, 2, 3)), shown
+
+
+def test_the_readme_tours_collect_prints_a_bar_that_moves_every_response(capsys):
+    from seeupo_gym.agents import HFBackend, SamplingParams, VectorAgent, load_model
+
+    model, tokenizer = load_model("tiny")
+    with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=4,
+                     sampling=SamplingParams(max_new_tokens=4), env_kwargs={"variant": "easy", "max_turns": 2}) as agent:
+        batch = agent.collect([None, None], group_size=2, seed=0, progress=True)
+        again = agent.collect([None, None], group_size=2, seed=0)  # the bar leaves the agent as it was
+    assert isinstance(agent.backend, HFBackend)
+    assert [t.reward for t in batch] == [t.reward for t in again]
+    shown = capsys.readouterr().err.replace("\r", "\n")
+    assert "collect:" in shown and "1 response," in shown and "2 responses" in shown, shown
