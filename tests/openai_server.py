@@ -13,6 +13,7 @@
 - `POST /control {"fault": F, "count": N}` makes the next N model requests misbehave: "429",
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
   the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).
+- `GET /v1/models` answers (an empty list), as the server check before any episode asks.
 - `GET /log` lists the requests seen (route, policy version header, whether a key was sent).
 - `GET /launch`: its arguments and VLLM_* environment variables, when started in `vllm serve`'s
   place by `generation.serve` (it takes vLLM's arguments and ignores all but --port).
@@ -91,6 +92,12 @@ def _log(request: Request, route: str, data: dict[str, Any]) -> None:
 @app.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@app.get("/v1/models")
+async def models() -> dict[str, Any]:
+    # The route seeupo's server check asks before any episode; an empty list names no model to check.
+    return {"object": "list", "data": []}
 
 
 @app.post("/control")

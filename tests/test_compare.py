@@ -125,8 +125,9 @@ def test_report_numbers_are_means_over_seeds_and_the_best_is_bold(tmp_path):
     assert "**0.600 ± 0.141**" in seeupo_line and "**0.700**" in seeupo_line
     assert "**0.900 ± 0.141**" in grpo_line and "**2.0**" in grpo_line
     assert "**" not in seeupo_line.split("|")[6] and "**" not in grpo_line.split("|")[5]
-    # Equal values (both start at eval 0.1) are not marked.
+    # Equal values (both start at eval 0.1) are not marked, nor is any starting point "best".
     assert "**0.100**" not in report
+    assert all("**" not in line.split("|")[column] for line in (seeupo_line, grpo_line) for column in (2, 4))
     assert (folder / "curves.png").read_bytes()[:8] == PNG_MAGIC
     assert "total wall time **2.0 min**" in report
 
