@@ -77,8 +77,9 @@ def save_tiny(folder: Path) -> Path:
 
 
 def train_in_trl(model_dir: Path, out: Path, order: str, beta: float, generate_plan=plan, env=BANDIT, max_steps=1,
-                 optim: str = "sgd", lr: float = 0.1):
-    """SeeUPOTrainer.train() for max_steps on TurnBandit with scripted completions; the trainer."""
+                 optim: str = "sgd", lr: float = 0.1, generate=None, batch_size: int = 4):
+    """SeeUPOTrainer.train() for max_steps on TurnBandit with scripted completions (generate(tokenizer):
+    another stand-in for `model.generate`); the trainer."""
     from trl.chat_template_utils import add_response_schema
     from transformers import AutoTokenizer
 
@@ -86,13 +87,13 @@ def train_in_trl(model_dir: Path, out: Path, order: str, beta: float, generate_p
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     args = SeeUPOConfig(
-        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=4, num_generations=2,
+        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=batch_size, num_generations=2,
         max_completion_length=256, learning_rate=lr, optim=optim, lr_scheduler_type="constant", logging_steps=1, report_to=[],
         use_cpu=True, bf16=False, save_strategy="no", seed=0, dataloader_num_workers=0, beta=beta, seeupo_order=order,
     )
     trainer = SeeUPOTrainer(model=str(model_dir), args=args, processing_class=add_response_schema(tokenizer),
                             **make("seeupo/TurnBandit-v0", **env))
-    trainer.model.generate = scripted_generate(tokenizer, generate_plan)
+    trainer.model.generate = generate(tokenizer) if generate else scripted_generate(tokenizer, generate_plan)
     trainer.train()
     return trainer
 
