@@ -274,3 +274,22 @@ def test_hostile_completions_execute_nothing_and_training_continues(tmp_path, on
     mimicry = by_row[0].turns
     assert len(mimicry) == 1 and "<tool_response>" in tokenizer.decode(mimicry[0].response_ids)  # one turn, not two
     assert len(by_row[5].turns) == 2  # a real call: its turn, the tool result, the closing turn
+
+
+def test_one_forward_per_trajectory_scores_as_one_per_turn_and_a_rebuilt_context_is_scored_alone(tiny, one_torch_thread):
+    from accelerate import Accelerator
+
+    model, _ = tiny
+    trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=None, temperature=0.9,
+                              args=SimpleNamespace(max_grad_norm=1.0), ref_model=None)
+    learner = TRLLearner(trainer, model)
+    batch = multi_turn_batch()
+    rebuilt = batch.trajectories[0].turns[1]
+    rebuilt.context_ids = [7] + rebuilt.context_ids[1:]  # no longer extends turn 1's sequence
+    samples = batch.samples()
+    together = learner.logprobs(samples, grad=False)
+    for k, sample in enumerate(samples):
+        alone = learner.logprobs([sample], grad=False)
+        width = int(alone.mask.sum())
+        assert torch.allclose(together.logprobs[k, :width], alone.logprobs[0, :width], atol=1e-5)
+        assert int(together.mask[k].sum()) == width

@@ -149,7 +149,8 @@ def rollout_batch(
 class TRLLearner:
     """The kit's `Learner` over a GRPOTrainer's model, reference, accelerator and optimizer.
 
-    One forward per turn (context + response, no packing); `minimize` backpropagates each turn's share
+    Frozen passes take one forward per trajectory (its longest turn scores all of them); `minimize`
+    backpropagates each turn's share (one forward each)
     and leaves the optimizer step pending: it is taken (clip at max_grad_norm, step, zero_grad) before
     the next pass, and the last one is left to the Trainer (`pending` says so)."""
 
@@ -231,19 +232,34 @@ class TRLLearner:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _score(self, model: torch.nn.Module, samples: Sequence[TurnSample]) -> TokenLogprobs:
-        rows = []
+        """Response logprobs of `samples`: one forward per trajectory when its turns' contexts extend each
+        other (the longest sequence scores every turn: causal attention), else one per turn."""
         device = self.accelerator.device
-        for sample in samples:
-            context, response = sample.turn.context_ids, sample.turn.response_ids
-            if not context:
+        rows: list[torch.Tensor | None] = [None] * len(samples)
+        by_trajectory: dict[str, list[int]] = {}
+        for i, sample in enumerate(samples):
+            if not sample.turn.context_ids:
                 raise ValueError(f"turn {sample.t} of {sample.rollout_id} has an empty context")
-            if not response:
-                rows.append(torch.zeros(0, device=device))
-                continue
-            ids = torch.tensor([context + response], device=device)
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-            logits = logits[0, len(context) - 1 : -1].float() / self.temperature
-            rows.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(context):, None]).squeeze(-1))
+            by_trajectory.setdefault(sample.rollout_id, []).append(i)
+        for indices in by_trajectory.values():
+            longest = max(indices, key=lambda i: len(samples[i].turn.context_ids) + len(samples[i].turn.response_ids))
+            sequence = samples[longest].turn.context_ids + samples[longest].turn.response_ids
+            spans = [(i, len(samples[i].turn.context_ids), len(samples[i].turn.response_ids)) for i in indices]
+            if all(sequence[: c + r] == samples[i].turn.context_ids + samples[i].turn.response_ids for i, c, r in spans):
+                groups = [(sequence, spans)]
+            else:
+                groups = [(samples[i].turn.context_ids + samples[i].turn.response_ids, [(i, c, r)]) for i, c, r in spans]
+            for tokens, group in groups:
+                if not any(r for _, _, r in group):
+                    for i, _, _ in group:
+                        rows[i] = torch.zeros(0, device=device)
+                    continue
+                end = max(c + r for _, c, r in group)
+                ids = torch.tensor([tokens[:end]], device=device)
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0]
+                for i, c, r in group:
+                    scores = torch.log_softmax(logits[c - 1 : c + r - 1].float() / self.temperature, dim=-1)
+                    rows[i] = scores.gather(-1, ids[0, c : c + r, None]).squeeze(-1)
         width = max((len(row) for row in rows), default=0)
         logprobs = core.pad_rows(rows, width) if rows else torch.zeros(0, 0, device=device)
         mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
