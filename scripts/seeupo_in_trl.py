@@ -11,8 +11,8 @@ first). Prints `max parameter difference vs the kit: X` per case (goal <= 1e-5).
 
 The default optimizer is SGD at lr 0.1 (`optim="sgd"`, the same in both): its step is linear in the
 gradient, so X measures the algorithm. With AdamW (TRL's default) X also holds float noise amplified by
-Adam's first steps (g / (|g| + eps) on the tied embedding's ~1e-8 gradients): measured 3.2e-6 at lr 1e-4,
-3e-5 to 1e-4 at lr 1e-3 (`--optim adamw_torch_fused --lr 1e-4`).
+Adam's first steps (g / (|g| + eps) on the tied embedding's ~1e-8 gradients): measured 3.2e-6 / 1.0e-5 / 3.3e-6
+(reverse / natural / KL) at lr 1e-4, 3e-5 to 1e-4 at lr 1e-3 (`--optim adamw_torch_fused --lr 1e-4`).
 
     python scripts/seeupo_in_trl.py                       # reverse, natural, reverse + KL
     python scripts/seeupo_in_trl.py --case reverse --control   # also TRL natural vs the kit's reverse (large X)
