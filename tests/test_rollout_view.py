@@ -294,3 +294,158 @@ def test_export_of_an_unknown_format_or_a_missing_run_is_refused(tmp_path, capsy
         export_rollouts(tmp_path, tmp_path / "x", "parquet")
     assert export_main([str(tmp_path), "--format", "jsonl"]) == 2
     assert "no recorded rollouts" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------- red team: the page's numbers
+
+
+def test_odd_numbers_in_records_render_as_text_and_never_break_the_page():
+    odd = {
+        "task_id": 10**400, "rollout_id": {"nested": [float("nan"), {"deep": 10**5000}]}, "step": 10**400,
+        "reward": 10**400, "advantage": float("nan"), "num_turns": 10**5000, "end": float("inf"), "error": [1e308],
+        "turns": [{"t": [1, [2, {"a": 10**5000}]], "advantage": float("-inf"), "m": 10**400, "ratio": "x",
+                   "update_order": 10**5000, "context_tokens": 10**400, "context_kept_tokens": float("nan"),
+                   "response_tokens": -(10**400), "finish_reason": None, "response": 7, "context_delta": [],
+                   "tool_calls": 5, "observation": {"role": 1}},
+                  "not a turn", {"tool_calls": [{"name": 10**5000, "arguments": {"x": float("nan")}}, 3],
+                                 "observation": [{"role": [], "name": 10**5000, "content": float("inf")}, None]}],
+    }
+    others = [
+        {"task_id": "t", "step": 1, "reward": float("nan"), "turns": 5},
+        {"task_id": "t", "step": 2, "reward": float("inf"), "turns": "abc", "advantage": 1e308},
+        {"task_id": "t", "step": 3, "reward": 1e308, "turns": {"a": 1}},
+        {"task_id": "t", "step": 4, "reward": 1e308},  # their sum overflows a float; their mean does not
+        {"task_id": "t", "step": True, "reward": 0.5},
+        ["not", "a", "record"],
+    ]
+    page = render_page([odd, *others])
+    assert page.count('<details class="episode"') == 7
+    assert "an integer of about 401 digits" in page and "an integer of about 5001 digits" in page
+    assert '<span class="reward r-zero">nan</span>' in page and '<span class="reward r-zero">inf</span>' in page
+    assert "+1.000e+308" in page and "{nested: [nan, {deep: an integer of about 5001 digits}]}" in page
+    # Each odd value had its own rule: the fallback line is for the one thing that is not a record.
+    assert page.count("could not be laid out") == 1 and "<pre>[not, a, record]</pre>" in page
+    # The task's header: the mean of its finite rewards (0.5, 1e308, 1e308), and how many were not.
+    assert "5 episodes · mean reward +6.667e+307 · 2 rewards not a finite number" in page
+
+
+def test_view_of_a_run_whose_reward_is_10_to_the_400_writes_the_page(tmp_path, capsys):
+    # As the attack wrote it: a JSON int of 401 digits, NaN and Infinity in the run's own file.
+    lines = ['{"task_id": "t", "step": 1, "rollout_id": "a", "reward": 1' + "0" * 400 + "}",
+             '{"task_id": "t", "step": 1, "rollout_id": "b", "reward": NaN, "advantage": Infinity}',
+             '{"task_id": "t", "step": 2, "rollout_id": "c", "reward": -Infinity, "turns": [{"ratio": 1e999}]}']
+    with gzip.open(tmp_path / ROLLOUTS_FILE, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    assert view_main([str(tmp_path)]) == 0
+    page = (tmp_path / "rollouts.html").read_text()
+    assert page.count('<details class="episode"') == 3 and "an integer of about 401 digits" in page
+    assert 'data-reward="Infinity"' in page and 'data-reward="NaN"' in page and 'data-reward="-Infinity"' in page
+
+
+# --------------------------------------------------------------------------------- red team: --serve
+
+
+def served(page_text="<!DOCTYPE html><p>the rollouts</p>", **options):
+    """A `serve()` server on a free port, serving in a thread; yields (server, port)."""
+    import contextlib
+    import tempfile
+
+    @contextlib.contextmanager
+    def running():
+        with tempfile.TemporaryDirectory() as folder:
+            page = Path(folder) / "p.html"
+            page.write_text(page_text)
+            server = serve(page, port=0, **options)
+            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+            thread.start()
+            try:
+                yield server, server.server_address[1]
+            finally:
+                server.shutdown()
+                server.server_close()
+                thread.join(timeout=10)
+
+    return running()
+
+
+def raw_request(port, head: bytes, timeout=10.0) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def test_serve_answers_only_its_own_host_header_so_dns_rebinding_reads_nothing():
+    with served() as (_, port):
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}"):
+            reply = raw_request(port, f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert reply.startswith(b"HTTP/1.0 200") and b"the rollouts" in reply, host
+        for head in (f"GET / HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n",  # a rebound name
+                     f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}.evil.example\r\n\r\n",
+                     f"GET / HTTP/1.1\r\nHost: localhost.:{port}\r\n\r\n",
+                     f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port + 1}\r\n\r\n",
+                     "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                     f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\n\r\n",
+                     "GET / HTTP/1.0\r\n\r\n"):  # no Host at all
+            reply = raw_request(port, head.encode())
+            assert reply.startswith(b"HTTP/1.0 403") and b"the rollouts" not in reply, head
+
+
+def test_serve_cuts_a_request_head_that_drips_or_idles_past_its_deadline():
+    import socket
+    import time
+
+    with served(head_timeout_s=1.0) as (_, port):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+            start = time.monotonic()
+            cut = None
+            for _ in range(40):  # a header byte every 0.2 s: each read is quick, the head never ends
+                try:
+                    sock.sendall(b"X")
+                except OSError:
+                    cut = time.monotonic() - start
+                    break
+                time.sleep(0.2)
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1) == b"":
+                        cut = time.monotonic() - start
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+            assert cut is not None and cut < 3.0, cut
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # says nothing at all
+            start = time.monotonic()
+            assert idle.recv(1) == b"" and time.monotonic() - start < 3.0
+
+
+def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_recovers():
+    import socket
+    import time
+
+    before = threading.active_count()
+    with served(head_timeout_s=2.0) as (_, port):
+        sockets, peak = [], 0
+        try:
+            for _ in range(1500):
+                sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                peak = max(peak, threading.active_count() - before)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                peak = max(peak, threading.active_count() - before)
+                time.sleep(0.02)
+            assert peak <= 40, peak  # 32 connection slots and the serving thread, not 1,500 threads
+            # Once the idle heads time out, a real request is answered.
+            time.sleep(2.5)
+            reply = raw_request(port, f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert reply.startswith(b"HTTP/1.0 200")
+        finally:
+            for sock in sockets:
+                sock.close()

@@ -21,9 +21,13 @@ import base64
 import hashlib
 import html
 import http.server
+import io
 import math
 import re
+import socket
 import sys
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -34,6 +38,11 @@ from seeupo_gym.training.rollouts import read_rollouts
 
 PAGE_FILE = "rollouts.html"
 DEFAULT_PORT = 8765
+# --serve: the whole request head must arrive within HEAD_TIMEOUT_S, the page leave within
+# SEND_TIMEOUT_S; at most MAX_CONNECTIONS are served at once (a browser opens about 6).
+HEAD_TIMEOUT_S = 5.0
+SEND_TIMEOUT_S = 60.0
+MAX_CONNECTIONS = 32
 # Control characters other than tab and newline: shown as \xNN instead of being sent to the browser.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -90,24 +99,89 @@ _JS = """
 """
 
 
+def _plain(value: Any, depth: int = 0) -> str:
+    """Any JSON value as short plain text, whatever it holds: a 5,000-digit int, NaN, deep nesting."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        if value.bit_length() <= 64:
+            return str(value)
+        # str() of a huge int is slow and refused past 4,300 digits: say its size instead.
+        return f"{'minus ' if value < 0 else ''}an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    if isinstance(value, float):
+        return repr(value)  # nan, inf, 1e+308
+    if isinstance(value, dict):
+        if depth >= 3:
+            return "{…}"
+        pairs = [f"{_plain(k, depth + 1)}: {_plain(v, depth + 1)}" for k, v in list(value.items())[:20]]
+        return "{" + ", ".join(pairs + ["…"] * (len(value) > 20)) + "}"
+    if isinstance(value, (list, tuple)):
+        if depth >= 3:
+            return "[…]"
+        items = [_plain(v, depth + 1) for v in value[:20]]
+        return "[" + ", ".join(items + ["…"] * (len(value) > 20)) + "]"
+    return f"({type(value).__name__})"
+
+
 def _text(value: Any) -> str:
     """Any value as safe HTML text: valid Unicode, control characters made visible, escaped."""
-    text = value if isinstance(value, str) else str(value)
-    text = valid_unicode(text)
+    text = valid_unicode(_plain(value))
     text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return html.escape(text, quote=True)
 
 
+def _finite(value: Any) -> float | None:
+    """A number as a finite float; None for NaN, infinities, ints too large for a float and non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _number(value: Any, digits: int = 3) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "–"
-    return f"{value:+.{digits}f}" if digits else str(value)
+    """A value as signed fixed-point HTML text; an odd one (NaN, 10**400, a string) as its own text."""
+    number = _finite(value)
+    if number is not None:
+        return f"{number:+.{digits}f}" if abs(number) < 1e12 else f"{number:+.{digits}e}"
+    return "–" if value is None else _text(value)
+
+
+def _js_number(value: Any) -> str:
+    """A reward for the page's filters: parseFloat reads it; NaN where there is no number."""
+    number = _finite(value)
+    if number is not None:
+        return repr(number)
+    if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and not math.isnan(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return "NaN"
+
+
+def _step(value: Any) -> int | None:
+    """A training step the page can sort and filter on (an int a browser reads exactly), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**53 else None
+
+
+def _count(value: Any, noun: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 64:
+        return _text(counted(value, noun))
+    return _text(f"{_plain(value)} {noun}s")
+
+
+def _items(value: Any) -> list[Any]:
+    """A record's list field; anything else in its place holds no items."""
+    return value if isinstance(value, list) else []
 
 
 def _reward_class(reward: Any) -> str:
-    if not isinstance(reward, (int, float)) or reward <= 0:
+    number = _finite(reward)
+    if number is None or number <= 0:
         return "r-zero"
-    return "r-good" if reward >= 1 else "r-mid"
+    return "r-good" if number >= 1 else "r-mid"
 
 
 def _turn_html(turn: dict[str, Any]) -> str:
@@ -122,24 +196,23 @@ def _turn_html(turn: dict[str, Any]) -> str:
         '<div class="turn">',
         f'<div class="turn-head">Turn {_text(turn.get("t", "?"))} '
         f'<span class="meta num">{" · ".join(values)}</span></div>',
-        f'<details><summary class="label">context delta: {_text(counted(turn.get("context_tokens", 0), "token"))} in all, '
+        f'<details><summary class="label">context delta: {_count(turn.get("context_tokens", 0), "token")} in all, '
         f'{_text(turn.get("context_kept_tokens", 0))} kept from the previous turn</summary>'
         f'<pre class="context">{_text(turn.get("context_delta", ""))}</pre></details>',
-        f'<div class="label">response ({_text(counted(turn.get("response_tokens", 0), "token"))}, '
+        f'<div class="label">response ({_count(turn.get("response_tokens", 0), "token")}, '
         f'finish: {_text(turn.get("finish_reason", ""))})</div>',
         f'<pre class="response">{_text(turn.get("response", ""))}</pre>',
     ]
-    calls = turn.get("tool_calls") or []
+    calls = [c for c in _items(turn.get("tool_calls")) if isinstance(c, dict)]
     if calls:
-        items = "".join(f"<li><code>{_text(c.get('name', ''))}({_text(c.get('arguments', ''))})</code></li>"
-                        for c in calls if isinstance(c, dict))
+        items = "".join(f"<li><code>{_text(c.get('name', ''))}({_text(c.get('arguments', ''))})</code></li>" for c in calls)
         parts.append(f'<div class="label">tool calls</div><ul class="calls">{items}</ul>')
-    for message in turn.get("observation") or []:
+    for message in _items(turn.get("observation")):
         if not isinstance(message, dict):
             continue
-        who = message.get("role", "")
+        who = _plain(message.get("role", ""))
         if message.get("name"):
-            who = f"{who} {message['name']}"
+            who = f"{who} {_plain(message['name'])}"
         parts.append(f'<div class="label">{_text(who)}</div><pre class="observation">{_text(message.get("content", ""))}</pre>')
     parts.append("</div>")
     return "".join(parts)
@@ -147,51 +220,74 @@ def _turn_html(turn: dict[str, Any]) -> str:
 
 def _episode_html(record: dict[str, Any], open_: bool) -> str:
     reward = record.get("reward")
-    reward_value = reward if isinstance(reward, (int, float)) and math.isfinite(reward) else 0.0
-    step = record.get("step") if isinstance(record.get("step"), int) else 0
-    flags = [_text(counted(record.get('num_turns', len(record.get('turns') or [])), "turn")), f"end {_text(record.get('end', ''))}"]
+    step = _step(record.get("step"))
+    shown_step = step if step is not None else _text(record.get("step", "?"))
+    flags = [_count(record.get("num_turns", len(_items(record.get("turns")))), "turn"), f"end {_text(record.get('end', ''))}"]
     if record.get("success"):
         flags.append("success")
     if record.get("advantage") is not None:
         flags.append(f"A {_number(record.get('advantage'))}")
     if record.get("error"):
         flags.append(f"error: {_text(record.get('error'))}")
-    turns = "".join(_turn_html(t) for t in record.get("turns") or [] if isinstance(t, dict))
+    turns = "".join(_turn_html(t) for t in _items(record.get("turns")) if isinstance(t, dict))
     return (
-        f'<details class="episode" data-task="{_text(record.get("task_id", ""))}" data-reward="{reward_value!r}" '
-        f'data-step="{step}"{" open" if open_ else ""}>'
-        f'<summary><span class="reward {_reward_class(reward)}">{_number(reward_value)}</span> '
-        f'step {step} · rollout <code>{_text(record.get("rollout_id", ""))}</code> · {" · ".join(flags)}</summary>'
+        f'<details class="episode" data-task="{_text(record.get("task_id", ""))}" data-reward="{_js_number(reward)}" '
+        f'data-step="{"" if step is None else step}"{" open" if open_ else ""}>'
+        f'<summary><span class="reward {_reward_class(reward)}">{_number(reward)}</span> '
+        f'step {shown_step} · rollout <code>{_text(record.get("rollout_id", ""))}</code> · {" · ".join(flags)}</summary>'
         f"{turns}</details>"
     )
 
 
+def _episode_or_note(record: Any, open_: bool) -> str:
+    """The episode's HTML; a record no rule above foresaw still gets a line, and the page still builds."""
+    try:
+        if not isinstance(record, dict):
+            raise TypeError(f"a {type(record).__name__}, not an episode record")
+        return _episode_html(record, open_)
+    except Exception as error:  # noqa: BLE001  one odd record must not cost the page
+        return (f'<details class="episode" data-task="" data-reward="NaN" data-step=""><summary>a record that could not '
+                f"be laid out: {_text(type(error).__name__)}</summary><pre>{_text(record)}</pre></details>")
+
+
+def _task_stats(episodes: list[Any]) -> str:
+    """`4 episodes · mean reward +0.500`: the page's script rewrites it for the episodes the filters keep."""
+    rewards = [_finite(r.get("reward")) if isinstance(r, dict) else None for r in episodes]
+    finite = [r for r in rewards if r is not None]
+    stats = f"{counted(len(episodes), 'episode')} · mean reward {_number(math.fsum(r / len(finite) for r in finite)) if finite else '–'}"
+    if len(finite) < len(episodes):
+        stats += f" · {counted(len(episodes) - len(finite), 'reward')} not a finite number"
+    return stats
+
+
 def render_page(records: Iterable[dict[str, Any]], *, title: str = "rollouts", about: str = "") -> str:
     """The HTML page of these episode records (rollouts.py's schema), grouped by task."""
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_task: dict[str, list[Any]] = defaultdict(list)
     total = 0
     for record in records:
-        by_task[str(record.get("task_id", ""))].append(record)
+        by_task[_plain(record.get("task_id", "")) if isinstance(record, dict) else ""].append(record)
         total += 1
     sections = []
     first = True
     for task_id in sorted(by_task):
-        episodes = sorted(by_task[task_id], key=lambda r: (r.get("step", 0) if isinstance(r.get("step"), int) else 0,
-                                                          str(r.get("rollout_id", ""))))
-        rewards = [r["reward"] for r in episodes if isinstance(r.get("reward"), (int, float))]
-        mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        episodes = sorted(by_task[task_id], key=lambda r: (_step(r.get("step")) or 0, _plain(r.get("rollout_id", "")))
+                          if isinstance(r, dict) else (0, ""))
         rows = []
         for record in episodes:
-            rows.append(_episode_html(record, open_=first))
+            rows.append(_episode_or_note(record, open_=first))
             first = False
         sections.append(
             f'<section class="task" data-task="{_text(task_id)}"><h2>Task <code>{_text(task_id)}</code> '
-            f'<span class="meta">{len(episodes)} episodes · mean reward {_number(mean)}</span></h2>{"".join(rows)}</section>'
+            f'<span class="meta task-stats">{_task_stats(episodes)}</span></h2>{"".join(rows)}</section>'
         )
     options = "".join(f'<option value="{_text(t)}">{_text(t)}</option>' for t in sorted(by_task))
     script_hash = base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()
     # Only the page's own script (by hash) may run; nothing is fetched.
     policy = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"
+    # Shown by the script when the filters hide every episode (else the page is an empty grey field).
+    none_shown = ('<p id="none-shown" class="none" hidden>No episode matches the filters '
+                  '(<span id="none-what"></span>). <button id="f-clear" type="button">Clear the filters</button> '
+                  "or open the page without the part after <code>#</code> in its address.</p>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
@@ -204,7 +300,7 @@ def render_page(records: Iterable[dict[str, Any]], *, title: str = "rollouts", a
         '<label>text <input id="f-text" type="search"></label>'
         f'<span>showing <span id="shown">{total}</span> of <span id="total">{total}</span> episodes</span>'
         "</div></header>"
-        f"<main>{''.join(sections) or '<p>No episodes recorded.</p>'}</main>"
+        f"<main>{none_shown if total else ''}{''.join(sections) or '<p>No episodes recorded.</p>'}</main>"
         f"<script>{_JS}</script></body></html>\n"
     )
 
@@ -248,15 +344,85 @@ def write_page(run_dir: str | Path, out: str | Path | None = None, *, steps: tup
     return target
 
 
-def serve(page: Path, port: int = DEFAULT_PORT) -> http.server.ThreadingHTTPServer:
+class _HeadDeadlineReader(io.RawIOBase):
+    """The socket read with one deadline for the whole request head: a client that drips a byte a
+    second is cut at it, not kept for as long as it likes."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request head took too long")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class _PageServer(http.server.ThreadingHTTPServer):
+    """A thread per connection, but at most `max_connections` of them: one more is answered 503 and
+    closed at once, so 1,500 idle sockets cost 1,500 closes, not 1,500 threads."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.setblocking(False)
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away or stalled: nothing to report
+
+
+def serve(page: Path, port: int = DEFAULT_PORT, *, head_timeout_s: float = HEAD_TIMEOUT_S,
+          send_timeout_s: float = SEND_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> http.server.ThreadingHTTPServer:
     """An HTTP server on 127.0.0.1 (never another interface) that answers GET / with the page.
 
-    Returns the server, not yet serving: call `serve_forever()` (or run it in a thread).
+    Only requests whose `Host` names this server (`127.0.0.1:PORT` or `localhost:PORT`) get it: a
+    page elsewhere that rebinds its own name to 127.0.0.1 gets 403. Each connection has
+    `head_timeout_s` for its whole request head and `send_timeout_s` to take the page; at most
+    `max_connections` are served at once. Returns the server, not yet serving: call
+    `serve_forever()` (or run it in a thread).
     """
     body = page.read_bytes()
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # the plain reader: replaced by one with a deadline for the whole head
+            self.rfile = io.BufferedReader(_HeadDeadlineReader(self.connection, time.monotonic() + head_timeout_s))
+
         def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            self.connection.settimeout(send_timeout_s)  # sendall: each reply within it
+            bound = self.server.server_address[1]
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) != 1 or hosts[0].strip().lower() not in (f"127.0.0.1:{bound}", f"localhost:{bound}"):
+                self.send_error(403, "this server answers only http://127.0.0.1:PORT/ and http://localhost:PORT/")
+                return
             if self.path.split("?", 1)[0] not in ("/", "/index.html", f"/{PAGE_FILE}"):
                 self.send_error(404)
                 return
@@ -269,7 +435,7 @@ def serve(page: Path, port: int = DEFAULT_PORT) -> http.server.ThreadingHTTPServ
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    return _PageServer(("127.0.0.1", port), Handler, max_connections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
