@@ -449,3 +449,132 @@ def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_recove
         finally:
             for sock in sockets:
                 sock.close()
+
+
+# --------------------------------------------------------------------------------- the filters (issue 40)
+
+
+def filter_records():
+    """Task a: rewards 0 and 1 at steps 1, 2; task b: 1, 0.5 and a missing reward at steps 1, 2, 3."""
+    return [{"task_id": "a", "step": 1, "rollout_id": "a1", "reward": 0.0},
+            {"task_id": "a", "step": 2, "rollout_id": "a2", "reward": 1.0},
+            {"task_id": "b", "step": 1, "rollout_id": "b1", "reward": 1.0},
+            {"task_id": "b", "step": 2, "rollout_id": "b2", "reward": 0.5},
+            {"task_id": "b", "step": 3, "rollout_id": "b3", "reward": None}]
+
+
+def task_headers(dom: str) -> dict[str, str]:
+    return dict(re.findall(r'<section class="task" data-task="(\w+)"[^>]*><h2>Task <code>\w+</code> '
+                           r'<span class="meta task-stats">([^<]*)</span>', dom))
+
+
+def test_task_headers_of_the_page_as_written_count_every_episode():
+    assert task_headers(render_page(filter_records())) == {
+        "a": "2 episodes · mean reward +0.500", "b": "3 episodes · mean reward +0.750 · 1 reward not a finite number"}
+
+
+@needs_chromium
+def test_chromium_task_headers_count_only_the_episodes_the_filters_keep(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text(render_page(filter_records()))
+    expected = {
+        "": {"a": "2 episodes · mean reward +0.500", "b": "3 episodes · mean reward +0.750 · 1 reward not a finite number"},
+        "#smin=2": {"a": "1 of 2 episodes · mean reward +1.000",
+                    "b": "2 of 3 episodes · mean reward +0.500 · 1 reward not a finite number"},
+        "#rmin=0.6": {"a": "1 of 2 episodes · mean reward +1.000", "b": "1 of 3 episodes · mean reward +1.000"},
+    }
+    for address, headers in expected.items():
+        dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri() + address)
+        assert task_headers(dom) == headers, address
+
+
+def none_shown(dom: str) -> str | None:
+    """The text of the nothing-matches message if the page shows it, else None."""
+    match = re.search(r'<p id="none-shown" class="none"( hidden(="")?)?>(.*?)</p>', dom)
+    assert match, "the page has no nothing-matches message"
+    return None if match.group(1) else re.sub(r"<[^>]+>", "", match.group(3))
+
+
+@needs_chromium
+def test_chromium_a_filter_that_matches_nothing_says_so_and_how_to_clear_it(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text(render_page(filter_records()))
+    assert none_shown(chromium(tmp_path / "profile", "--dump-dom", page.as_uri())) is None
+    for address, named in (("#text=zzz", 'text "zzz"'), ("#rmin=2", "reward from 2 to any"),
+                           ("#task=a&smin=3", "task a, step from 3 to any"),
+                           ("#task=nope", "task nope")):  # a task the page does not hold: not "every task"
+        dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri() + address)
+        message = none_shown(dom)
+        assert message is not None and f"No episode matches the filters ({named})" in message, address
+        assert "Clear the filters" in message and '<span id="shown">0</span>' in dom, address
+
+
+@needs_chromium
+def test_chromium_clear_the_filters_button_shows_every_episode_again(tmp_path):
+    """Clicked in a running Chromium, over the DevTools protocol."""
+    page = tmp_path / "page.html"
+    page.write_text(render_page(filter_records()))
+    with devtools_page(tmp_path / "profile", page.as_uri() + "#text=zzz") as evaluate:
+        assert evaluate("document.getElementById('shown').textContent") == "0"
+        assert evaluate("document.getElementById('none-shown').hidden") is False
+        evaluate("document.getElementById('f-clear').click()")
+        assert evaluate("document.getElementById('shown').textContent") == "5"
+        assert evaluate("document.getElementById('none-shown').hidden") is True
+        assert evaluate("document.getElementById('f-text').value") == ""
+        assert evaluate("location.hash") == ""  # the address no longer holds the filters
+        assert evaluate("document.querySelectorAll('section.task:not([hidden])').length") == 2
+
+
+def devtools_page(profile: Path, url: str, timeout: float = 60):
+    """A headless Chromium showing `url`; yields evaluate(expression) -> its value (DevTools protocol)."""
+    import contextlib
+    import time
+
+    from websockets.sync.client import connect
+
+    @contextlib.contextmanager
+    def running():
+        assert CHROMIUM is not None
+        browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                    "--remote-debugging-port=0", f"--user-data-dir={profile}", url],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + timeout
+            port_file = profile / "DevToolsActivePort"
+            while not port_file.exists() or not port_file.read_text().strip():
+                assert time.monotonic() < deadline and browser.poll() is None, "Chromium did not start"
+                time.sleep(0.1)
+            port = int(port_file.read_text().split()[0])
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as reply:
+                    targets = [t for t in json.loads(reply.read()) if t.get("type") == "page"]
+                if targets:
+                    break
+                assert time.monotonic() < deadline, "Chromium opened no page"
+                time.sleep(0.1)
+            with connect(targets[0]["webSocketDebuggerUrl"], open_timeout=10, max_size=None) as ws:
+                ids = iter(range(1, 10**6))
+
+                def evaluate(expression: str):
+                    number = next(ids)
+                    ws.send(json.dumps({"id": number, "method": "Runtime.evaluate",
+                                        "params": {"expression": expression, "returnByValue": True}}))
+                    while True:
+                        message = json.loads(ws.recv(timeout=timeout))
+                        if message.get("id") == number:
+                            assert "exceptionDetails" not in message["result"], message["result"]
+                            return message["result"]["result"].get("value")
+
+                while evaluate("location.protocol + document.readyState") != "file:complete":
+                    assert time.monotonic() < deadline, "the page did not load"
+                    time.sleep(0.1)
+                yield evaluate
+        finally:
+            browser.terminate()
+            try:
+                browser.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                browser.kill()
+                browser.wait(timeout=10)
+
+    return running()

@@ -67,34 +67,70 @@ pre.response{background:#eef6ee}
 code{font-family:monospace}
 .meta{color:#666;font-weight:normal}
 .num{font-family:monospace}
+.none{background:#fff;border:1px solid #ddd;border-radius:6px;padding:12px;font-size:15px}
 """
 
 _JS = """
 (function(){
-  var task=document.getElementById('f-task'), rmin=document.getElementById('f-rmin'),
-      rmax=document.getElementById('f-rmax'), smin=document.getElementById('f-smin'),
-      smax=document.getElementById('f-smax'), text=document.getElementById('f-text'),
-      shown=document.getElementById('shown');
+  function $(id){return document.getElementById(id);}
+  var task=$('f-task'), rmin=$('f-rmin'), rmax=$('f-rmax'), smin=$('f-smin'), smax=$('f-smax'), text=$('f-text'),
+      shown=$('shown'), none=$('none-shown'), noneWhat=$('none-what'), clear=$('f-clear');
+  var fields={task:task,rmin:rmin,rmax:rmax,smin:smin,smax:smax,text:text};
   function num(el, fallback){var v=parseFloat(el.value);return isNaN(v)?fallback:v;}
+  // A record without a number (NaN) passes only while that range is open.
+  function inRange(v, lo, hi){return isNaN(v) ? (lo===-Infinity && hi===Infinity) : (v>=lo && v<=hi);}
+  function plural(n, noun){return n+' '+noun+(n===1?'':'s');}
+  function signed(v){return (v>=0?'+':'')+(Math.abs(v)<1e12 ? v.toFixed(3) : v.toExponential(3));}
   function apply(){
     var t=task.value, lo=num(rmin,-Infinity), hi=num(rmax,Infinity), s0=num(smin,-Infinity), s1=num(smax,Infinity),
         q=text.value.toLowerCase(), count=0;
     document.querySelectorAll('section.task').forEach(function(sec){
-      var visible=0, sameTask=(t==='' || sec.dataset.task===t);
+      var kept=[], all=0, sameTask=(t==='' || sec.dataset.task===t);
       sec.querySelectorAll('details.episode').forEach(function(ep){
         var r=parseFloat(ep.dataset.reward), s=parseInt(ep.dataset.step,10);
-        var ok=sameTask && !(r<lo) && !(r>hi) && s>=s0 && s<=s1 && (q==='' || ep.textContent.toLowerCase().indexOf(q)>=0);
-        ep.hidden=!ok; if(ok){visible++;}
+        var ok=sameTask && inRange(r,lo,hi) && inRange(s,s0,s1) && (q==='' || ep.textContent.toLowerCase().indexOf(q)>=0);
+        ep.hidden=!ok; all++; if(ok){kept.push(r);}
       });
-      sec.hidden=(visible===0); count+=visible;
+      sec.hidden=(kept.length===0); count+=kept.length;
+      // The task's header counts what the filters keep: "2 of 4 episodes · mean reward +0.500".
+      var finite=kept.filter(function(r){return isFinite(r);}), mean=0;
+      finite.forEach(function(r){mean+=r/finite.length;});
+      var stats=(kept.length===all ? '' : kept.length+' of ')+plural(all,'episode')+' · mean reward '+(finite.length ? signed(mean) : '\u2013');
+      if(finite.length<kept.length){stats+=' · '+plural(kept.length-finite.length,'reward')+' not a finite number';}
+      sec.querySelector('.task-stats').textContent=stats;
     });
     shown.textContent=String(count);
+    if(none){
+      var active=[];
+      if(t!==''){active.push('task '+t);}
+      if(rmin.value!==''||rmax.value!==''){active.push('reward from '+(rmin.value||'any')+' to '+(rmax.value||'any'));}
+      if(smin.value!==''||smax.value!==''){active.push('step from '+(smin.value||'any')+' to '+(smax.value||'any'));}
+      if(q!==''){active.push('text "'+text.value+'"');}
+      noneWhat.textContent=active.join(', ');
+      none.hidden=(count!==0);
+    }
   }
   // Filters can come in the address: page.html#task=ID&rmin=0.5&smax=10&text=word
-  var fields={task:task,rmin:rmin,rmax:rmax,smin:smin,smax:smax,text:text};
-  new URLSearchParams(location.hash.slice(1)).forEach(function(v,k){if(fields[k]){fields[k].value=v;}});
-  [task,rmin,rmax,smin,smax,text].forEach(function(el){el.addEventListener('input',apply);});
-  apply();
+  function fromAddress(){
+    Object.keys(fields).forEach(function(k){fields[k].value='';});
+    new URLSearchParams(location.hash.slice(1)).forEach(function(v,k){
+      if(!fields[k]){return;}
+      if(k==='task' && v!=='' && !Array.prototype.some.call(task.options,function(o){return o.value===v;})){
+        var missing=document.createElement('option');  // else the select drops it and shows every task
+        missing.value=v; missing.textContent=v+' (not in this page)'; task.appendChild(missing);
+      }
+      fields[k].value=v;
+    });
+    apply();
+  }
+  if(clear){clear.addEventListener('click', function(){
+    Object.keys(fields).forEach(function(k){fields[k].value='';});
+    try{history.replaceState(null,'',location.pathname+location.search);}catch(e){}
+    apply();
+  });}
+  Object.keys(fields).forEach(function(k){fields[k].addEventListener('input',apply);});
+  window.addEventListener('hashchange',fromAddress);
+  fromAddress();
 })();
 """
 
@@ -367,7 +403,7 @@ class _PageServer(http.server.ThreadingHTTPServer):
     closed at once, so 1,500 idle sockets cost 1,500 closes, not 1,500 threads."""
 
     daemon_threads = True
-    request_queue_size = 128
+    request_queue_size = 1024  # waiting in the kernel costs no thread
 
     def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
         super().__init__(address, handler)
