@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -329,6 +330,31 @@ def test_odd_numbers_in_records_render_as_text_and_never_break_the_page():
     assert "5 episodes · mean reward +6.667e+307 · 2 rewards not a finite number" in page
 
 
+def test_random_records_of_odd_values_in_every_field_all_lay_out():
+    import random
+
+    rng = random.Random(38)
+    odd = [10**400, -(10**5000), float("nan"), float("inf"), -float("inf"), 1e308, -1e-320, True, None, "", "<b>x</b>",
+           "\ud800", [], {}, [[[[[1]]]]], {"a": {"b": {"c": {"d": 10**400}}}}, [float("nan")] * 50, 0, -1, 2**63]
+    fields = ["task_id", "rollout_id", "step", "reward", "advantage", "num_turns", "end", "error", "success", "turns"]
+    turn_fields = ["t", "advantage", "m", "ratio", "update_order", "context_tokens", "context_kept_tokens",
+                   "response_tokens", "finish_reason", "response", "context_delta", "tool_calls", "observation"]
+    records = []
+    for _ in range(300):
+        turn = {k: rng.choice(odd) for k in rng.sample(turn_fields, rng.randint(0, len(turn_fields)))}
+        if rng.random() < 0.5:
+            turn["tool_calls"] = [{"name": rng.choice(odd), "arguments": rng.choice(odd)}, rng.choice(odd)]
+            turn["observation"] = [{"role": rng.choice(odd), "name": rng.choice(odd), "content": rng.choice(odd)}]
+        record = {k: rng.choice(odd) for k in rng.sample(fields, rng.randint(0, len(fields)))}
+        if rng.random() < 0.7:
+            record["turns"] = [turn, rng.choice(odd)]
+        records.append(record)
+    page = render_page(records)
+    assert page.count('<details class="episode"') == 300 and "could not be laid out" not in page
+    assert "<b>x" not in page and page.count("<script") == 1
+    page.encode("utf-8")
+
+
 def test_view_of_a_run_whose_reward_is_10_to_the_400_writes_the_page(tmp_path, capsys):
     # As the attack wrote it: a JSON int of 401 digits, NaN and Infinity in the run's own file.
     lines = ['{"task_id": "t", "step": 1, "rollout_id": "a", "reward": 1' + "0" * 400 + "}",
@@ -442,6 +468,7 @@ def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_recove
                 peak = max(peak, threading.active_count() - before)
                 time.sleep(0.02)
             assert peak <= 40, peak  # 32 connection slots and the serving thread, not 1,500 threads
+            assert sockets[-1].recv(64).startswith(b"HTTP/1.0 503")  # one over the cap: told so, and closed
             # Once the idle heads time out, a real request is answered.
             time.sleep(2.5)
             reply = raw_request(port, f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
@@ -507,6 +534,10 @@ def test_chromium_a_filter_that_matches_nothing_says_so_and_how_to_clear_it(tmp_
         message = none_shown(dom)
         assert message is not None and f"No episode matches the filters ({named})" in message, address
         assert "Clear the filters" in message and '<span id="shown">0</span>' in dom, address
+    # The address is hostile too: what the page writes from it (the message, a task option) is text.
+    hostile = urllib.parse.quote("<img src=x onerror=\"document.title='pwned'\">")
+    dom = chromium(tmp_path / "profile", "--dump-dom", page.as_uri() + f"#task={hostile}&text={hostile}")
+    assert "<img" not in dom and "pwned</title>" not in dom and "task &lt;img src=x" in dom
 
 
 @needs_chromium
