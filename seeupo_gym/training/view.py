@@ -7,11 +7,14 @@
 Episodes are grouped by task, turn by turn: the context delta, the response, the tool calls and the
 env's answer, the reward, and what the update did with the turn (A, and SeeUPO's M and ratio).
 Filters by task, reward, step and text run in the page (also from the address:
-`rollouts.html#task=ID&rmin=0.5&smin=10&text=error`). The page is self-contained (inline CSS and
-JS, nothing fetched) and holds every episode asked for.
+`rollouts.html#task=ID&rmin=0.5&smin=10&text=error`); each task's header counts what they keep, and
+a filter that keeps nothing says so. The page is self-contained (inline CSS and JS, nothing fetched)
+and holds every episode asked for.
 
-Model text is hostile: every string is HTML-escaped on the way in, and the page's Content Security
-Policy lets only its own script (by hash) run, so a response holding `<script>` is shown, not run.
+Model text is hostile: every string is HTML-escaped on the way in, odd numbers (NaN, a 401-digit
+int) are shown as text, and the page's Content Security Policy lets only its own script (by hash)
+run, so a response holding `<script>` is shown, not run. `--serve` answers only its own `Host`,
+bounds each request head in time and the connections in number (see `serve`).
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def _js_number(value: Any) -> str:
     number = _finite(value)
     if number is not None:
         return repr(number)
-    if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and not math.isnan(value):
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and not math.isnan(value)):
         return "Infinity" if value > 0 else "-Infinity"
     return "NaN"
 
