@@ -452,12 +452,13 @@ def test_serve_cuts_a_request_head_that_drips_or_idles_past_its_deadline():
             assert idle.recv(1) == b"" and time.monotonic() - start < 3.0
 
 
-def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_recovers():
+def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_still_answers_a_reader():
     import socket
     import time
 
     before = threading.active_count()
-    with served(head_timeout_s=2.0) as (_, port):
+    # A long head deadline: the real request below is answered although no idle socket has timed out.
+    with served(head_timeout_s=60.0) as (_, port):
         sockets, peak = [], 0
         try:
             for _ in range(1500):
@@ -468,13 +469,49 @@ def test_serve_holds_1500_idle_sockets_in_a_bounded_number_of_threads_and_recove
                 peak = max(peak, threading.active_count() - before)
                 time.sleep(0.02)
             assert peak <= 40, peak  # 32 connection slots and the serving thread, not 1,500 threads
-            assert sockets[-1].recv(64).startswith(b"HTTP/1.0 503")  # one over the cap: told so, and closed
-            # Once the idle heads time out, a real request is answered.
-            time.sleep(2.5)
+            start = time.monotonic()
             reply = raw_request(port, f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-            assert reply.startswith(b"HTTP/1.0 200")
+            assert reply.startswith(b"HTTP/1.0 200") and b"the rollouts" in reply
+            assert time.monotonic() - start < 10
+            assert sockets[0].recv(64) == b""  # the longest-idle socket gave way (closed, nothing sent)
+            peak = max(peak, threading.active_count() - before)
+            assert peak <= 40, peak
         finally:
             for sock in sockets:
+                sock.close()
+
+
+def test_serve_evicts_an_unfinished_head_for_a_new_request_and_answers_503_only_when_every_slot_is_sending():
+    import socket
+    import time
+
+    with served("x" * (32 << 20), max_connections=2) as (_, port):
+        held = []
+        try:
+            for _ in range(2):  # two heads under way (a request line, no end)
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(b"GET / HTTP/1.1\r\n")
+                held.append(sock)
+            time.sleep(0.3)
+            # The oldest gives way: a third client's request is answered.
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                assert sock.recv(12) == b"HTTP/1.0 200"
+            assert held[0].recv(64) == b""
+            # Two clients that asked for the 32 MiB page and do not read it: no head is awaited,
+            # nothing to evict, so a third is told the server is busy (and the two keep their replies).
+            for sock in held:
+                sock.close()
+            held = []
+            for _ in range(2):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                held.append(sock)
+            assert all(sock.recv(12) == b"HTTP/1.0 200" for sock in held)  # their heads are in; the replies wait
+            reply = raw_request(port, f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert reply.startswith(b"HTTP/1.0 503")
+        finally:
+            for sock in held:
                 sock.close()
 
 

@@ -402,8 +402,9 @@ class _HeadDeadlineReader(io.RawIOBase):
 
 
 class _PageServer(http.server.ThreadingHTTPServer):
-    """A thread per connection, but at most `max_connections` of them: one more is answered 503 and
-    closed at once, so 1,500 idle sockets cost 1,500 closes, not 1,500 threads."""
+    """A thread per connection, but at most `max_connections` of them. When they are all taken, the
+    one that has waited longest for its request head gives way to the new one (so sockets held idle
+    to fill the slots cannot lock a reader out); if none is waiting, the new one is answered 503."""
 
     daemon_threads = True
     request_queue_size = 1024  # waiting in the kernel costs no thread
@@ -411,9 +412,31 @@ class _PageServer(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._heads_awaited: dict[socket.socket, float] = {}  # connection -> when it opened
+
+    def awaiting_head(self, connection: socket.socket, waiting: bool) -> None:
+        with self._lock:
+            if waiting:
+                self._heads_awaited[connection] = time.monotonic()
+            else:
+                self._heads_awaited.pop(connection, None)
+
+    def _evict_the_longest_waiting(self) -> bool:
+        with self._lock:
+            if not self._heads_awaited:
+                return False
+            oldest = min(self._heads_awaited, key=self._heads_awaited.__getitem__)
+            del self._heads_awaited[oldest]
+            try:
+                oldest.shutdown(socket.SHUT_RDWR)  # its thread's read returns: the handler ends, the slot frees
+            except OSError:
+                pass
+        return True
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not (
+                self._evict_the_longest_waiting() and self._slots.acquire(timeout=2.0)):
             try:
                 request.setblocking(False)
                 request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -421,9 +444,11 @@ class _PageServer(http.server.ThreadingHTTPServer):
                 pass
             self.shutdown_request(request)
             return
+        self.awaiting_head(request, True)  # here, not in its thread: evictable before that thread runs
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.awaiting_head(request, False)
             self._slots.release()
             raise
 
@@ -444,7 +469,7 @@ def serve(page: Path, port: int = DEFAULT_PORT, *, head_timeout_s: float = HEAD_
     Only requests whose `Host` names this server (`127.0.0.1:PORT` or `localhost:PORT`) get it: a
     page elsewhere that rebinds its own name to 127.0.0.1 gets 403. Each connection has
     `head_timeout_s` for its whole request head and `send_timeout_s` to take the page; at most
-    `max_connections` are served at once. Returns the server, not yet serving: call
+    `max_connections` are served at once (see `_PageServer`). Returns the server, not yet serving: call
     `serve_forever()` (or run it in a thread).
     """
     body = page.read_bytes()
@@ -454,6 +479,15 @@ def serve(page: Path, port: int = DEFAULT_PORT, *, head_timeout_s: float = HEAD_
             super().setup()
             self.rfile.close()  # the plain reader: replaced by one with a deadline for the whole head
             self.rfile = io.BufferedReader(_HeadDeadlineReader(self.connection, time.monotonic() + head_timeout_s))
+
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()  # reads the headers
+            self.server.awaiting_head(self.connection, False)  # the head is in: no longer one to evict
+            return parsed
+
+        def finish(self) -> None:
+            self.server.awaiting_head(self.connection, False)
+            super().finish()
 
         def do_GET(self) -> None:  # noqa: N802  (http.server's name)
             self.connection.settimeout(send_timeout_s)  # sendall: each reply within it
