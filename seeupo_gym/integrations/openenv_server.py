@@ -36,7 +36,7 @@ attached to it: openenv's `MCPToolClient` creates a session over HTTP `POST /mcp
 (`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`) and addresses it
 by id in `tools/*` requests; here such a session is closed when that WebSocket leaves, or
 `attach_timeout_s` after its creation if none attached, and an HTTP request may address a session
-only while its WebSocket is attached. The connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
+only while its WebSocket is attached (the session table and that guard: `mcp_sessions.py`). The connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
 sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
 messages (WebSocket) or 4xx answers (HTTP); the server goes on.
 """
@@ -51,7 +51,6 @@ import json
 import logging
 import math
 import threading
-import time
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -67,13 +66,13 @@ from mcp.types import TextContent
 # First of the openenv imports: the client module imports openenv.core without its web playground.
 from seeupo_gym.integrations.openenv_client import ActionShapeError, ResponseAction, SeeupoState, TextObservation
 
-from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import RESERVED_TOOL_NAMES, CallToolAction, ListToolsAction
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 from pydantic import PrivateAttr
 
+from seeupo_gym.integrations.mcp_sessions import SessionServer, http_session_request, query_session_id, tracking_created_session
 from seeupo_gym.text import valid_unicode
 from seeupo_gym.tools import END_TURN_SCHEMA, END_TURN_TOOL, plain_reply, render_tool_calls, step_tool_result
 
@@ -396,64 +395,6 @@ class ToolSession(GymSession, MCPEnvironment):
 
 
 
-class SessionServer(HTTPEnvServer):
-    """openenv's server with two watches, every half second:
-
-    - a request in flight counts as activity: openenv's reaper measures idleness from a session's
-      last answered request, so it would close a session in the middle of a long reset (an
-      AppWorld server starting);
-    - a session made over HTTP (`openenv/session/create`, as `MCPToolClient` does) lives only as
-      long as the WebSocket attached to it: closed when it leaves, or `attach_timeout_s` after
-      creation if none came (openenv would keep it until its idle reaper runs)."""
-
-    _watch_task: asyncio.Task | None = None
-    attach_timeout_s = 10.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._http_sessions: dict[str, float | None] = {}  # id -> attach deadline; None once attached
-
-    def track_http_session(self, session_id: str) -> None:
-        self._http_sessions[session_id] = time.monotonic() + self.attach_timeout_s
-
-    def is_http_session(self, session_id: str) -> bool:
-        return session_id in self._http_sessions
-
-    def is_attached(self, session_id: str) -> bool:
-        return session_id in self._session_websocket_attachments
-
-    def _start_reaper(self) -> None:
-        super()._start_reaper()
-        if self._watch_task is None:
-            self._watch_task = asyncio.create_task(self._watch_sessions())
-
-    def _stop_reaper(self) -> None:
-        super()._stop_reaper()
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            self._watch_task = None
-
-    async def _watch_sessions(self) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            try:
-                now = time.time()
-                for session_id, env in list(self._sessions.items()):
-                    info = self._session_info.get(session_id)
-                    if info is not None and getattr(env, "busy", False):
-                        info.last_activity_at = now
-                for session_id, deadline in list(self._http_sessions.items()):
-                    if session_id not in self._sessions:
-                        self._http_sessions.pop(session_id, None)
-                    elif self.is_attached(session_id):
-                        self._http_sessions[session_id] = None
-                    elif deadline is None or time.monotonic() > deadline:
-                        self._http_sessions.pop(session_id, None)
-                        await self._destroy_session(session_id)
-            except Exception:  # the watch must go on
-                logger.exception("watching sessions failed")
-
-
 def _check_reads_rendered_calls(env: Any) -> None:
     """MCP tool calls reach the env as hermes `<tool_call>` markup: its parser must read that."""
     from seeupo_gym.tools import tool_parser
@@ -605,7 +546,7 @@ class BoundedRequests:
                 await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>")
             return
         if scope["type"] == "websocket":
-            attach = _query_session_id(scope)
+            attach = query_session_id(scope)
             if attach is not None and not self.state.openenv.is_http_session(attach):
                 await send({"type": "websocket.close", "code": 1008,
                             "reason": "no such session to attach to (make one with openenv/session/create)"})
@@ -633,11 +574,11 @@ class BoundedRequests:
             if len(body) > self.max_request_bytes:
                 return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
         if scope.get("path") == "/mcp" and scope.get("method") == "POST":
-            refusal, creates = _http_session_request(bytes(body), self.state.openenv)
+            refusal, creates = http_session_request(bytes(body), self.state.openenv)
             if refusal is not None:
                 return await _send_json(send, 200, refusal)
             if creates:
-                send = _tracking_created_session(send, self.state.openenv)
+                send = tracking_created_session(send, self.state.openenv)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -662,58 +603,6 @@ class BoundedRequests:
                 return False
             return hmac.compare_digest(password, self._token)
         return False
-
-
-def _http_session_request(body: bytes, server: SessionServer) -> tuple[dict[str, Any] | None, bool]:
-    """(a JSON-RPC error for an HTTP MCP request addressing a session with no WebSocket attached,
-    or None; whether the request creates a session)."""
-    try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
-        return None, False  # openenv answers a parse error itself
-    if not isinstance(request, dict):
-        return None, False
-    method, params = request.get("method"), request.get("params")
-    if method == "openenv/session/create":
-        return None, True
-    target = params.get("session_id") if isinstance(params, dict) else None
-    if method == "openenv/session/close" or target is None:
-        return None, False
-    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
-        return None, False
-    request_id = request.get("id")
-    return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None, "error": {
-        "code": -32600,
-        "message": "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
-                   "before addressing it; a session lives as long as that connection",
-    }}, False
-
-
-def _query_session_id(scope: dict[str, Any]) -> str | None:
-    from urllib.parse import parse_qs
-
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id")
-    return values[0] if values else None
-
-
-def _tracking_created_session(send: Callable, server: SessionServer) -> Callable:
-    """`send`, noting the id of the session an `openenv/session/create` answer carries."""
-    chunks: list[bytes] = []
-
-    async def tracking(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                try:
-                    answer = json.loads(b"".join(chunks))
-                    session_id = (answer.get("result") or {}).get("session_id")
-                except (ValueError, AttributeError):
-                    session_id = None
-                if isinstance(session_id, str):
-                    server.track_http_session(session_id)
-        await send(message)
-
-    return tracking
 
 
 async def _send_json(send: Callable, status: int, detail: str | dict[str, Any]) -> None:
