@@ -22,6 +22,7 @@ from seeupo_gym.integrations import import_openenv_core
 import_openenv_core()  # before any openenv import: skips its web playground
 
 from openenv.core.env_server.http_server import HTTPEnvServer  # noqa: E402
+from starlette.datastructures import QueryParams  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -85,36 +86,63 @@ class SessionServer(HTTPEnvServer):
 
 
 
-def http_session_request(body: bytes, server: SessionServer) -> tuple[dict[str, Any] | None, bool]:
-    """(a JSON-RPC error for an HTTP MCP request addressing a session with no WebSocket attached,
-    or None; whether the request creates a session)."""
-    try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
-        return None, False  # openenv answers a parse error itself
-    if not isinstance(request, dict):
-        return None, False
-    method, params = request.get("method"), request.get("params")
-    if method == "openenv/session/create":
-        return None, True
-    target = params.get("session_id") if isinstance(params, dict) else None
-    if method == "openenv/session/close" or target is None:
-        return None, False
-    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
-        return None, False
-    request_id = request.get("id")
-    return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None, "error": {
-        "code": -32600,
-        "message": "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
-                   "before addressing it; a session lives as long as that connection",
-    }}, False
+class BadSessionId(ValueError):
+    """A request names `session_id` twice (or empty): the guard and openenv might read different ones."""
 
 
 def query_session_id(scope: dict[str, Any]) -> str | None:
-    from urllib.parse import parse_qs
+    """The `session_id` a WebSocket's query names, read by starlette's `QueryParams`, the parser
+    openenv's `/ws` reads it with (`websocket.query_params.get`), so that the guard checks the
+    session openenv attaches to; None when the query names none.
 
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id")
+    Raises `BadSessionId` when it is named more than once (starlette would take the last, another
+    parser the first) or is empty (openenv would make a new session instead)."""
+    values = QueryParams(scope.get("query_string", b"")).getlist("session_id")
+    if len(values) > 1:
+        raise BadSessionId(f"the query names session_id {len(values)} times; name one session")
+    if values and not values[0]:
+        raise BadSessionId("the query's session_id is empty; name a session or leave session_id out")
     return values[0] if values else None
+
+
+def _refusing_duplicate_session_ids(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if [key for key, _ in pairs].count("session_id") > 1:
+        raise BadSessionId("the request names session_id more than once in one object; name one session")
+    return dict(pairs)
+
+
+def http_session_request(body: bytes, server: SessionServer) -> tuple[int, dict[str, Any] | None, bool]:
+    """(the HTTP status and JSON-RPC error refusing an HTTP MCP request that addresses a session
+    with no WebSocket attached or names `session_id` twice, or (200, None); whether the request
+    creates a session)."""
+    try:
+        request = json.loads(body, object_pairs_hook=_refusing_duplicate_session_ids)
+    except BadSessionId as error:
+        try:
+            request_id = json.loads(body).get("id")
+        except (ValueError, RecursionError, AttributeError):
+            request_id = None
+        return 400, _jsonrpc_error(request_id, -32600, str(error)), False
+    except (ValueError, RecursionError):
+        return 200, None, False  # openenv answers a parse error itself
+    if not isinstance(request, dict):
+        return 200, None, False
+    method, params = request.get("method"), request.get("params")
+    if method == "openenv/session/create":
+        return 200, None, True
+    target = params.get("session_id") if isinstance(params, dict) else None
+    if method == "openenv/session/close" or target is None:
+        return 200, None, False
+    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
+        return 200, None, False
+    return 200, _jsonrpc_error(request.get("id"), -32600, (
+        "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
+        "before addressing it; a session lives as long as that connection")), False
+
+
+def _jsonrpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None,
+            "error": {"code": code, "message": message}}
 
 
 def tracking_created_session(send: Callable, server: SessionServer) -> Callable:
