@@ -170,12 +170,15 @@ class Dripper(threading.Thread):
 
 def test_dripped_health_bodies_on_every_slot_keep_no_authorized_client_out(guarded):
     # One connection per peer address (127.0.0.10, .11, ...): the per-peer limit plays no part.
-    heads = [b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{",
-             b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"]
+    # The third kind is refused for its missing token before its body is read.
+    heads = {b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{": b"HTTP/1.1 405",
+             b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{": b"HTTP/1.1 400",
+             b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{": b"HTTP/1.1 401"}
+    kinds = list(heads)
     sockets = [connect_from(guarded.url, f"127.0.0.{10 + i}") for i in range(MAX_CONNECTIONS)]
     try:
         for i, sock in enumerate(sockets):
-            sock.sendall(heads[i % 2])
+            sock.sendall(kinds[i % 3])
         dripper = Dripper(sockets)
         dripper.start()
         waited = served_within(guarded.url, HEAD_S + 3)
@@ -185,7 +188,7 @@ def test_dripped_health_bodies_on_every_slot_keep_no_authorized_client_out(guard
             time.sleep(0.1)
         dripper.stop.set()
         for i, answer in enumerate(dripper.answers):  # each answered at once without its body, and closed
-            assert dripper.ended[i] and answer.startswith(b"HTTP/1.1 405" if i % 2 == 0 else b"HTTP/1.1 400"), answer[:200]
+            assert dripper.ended[i] and answer.startswith(heads[kinds[i % 3]]), answer[:200]
             assert b"connection: close" in answer.lower()
     finally:
         for sock in sockets:
