@@ -30,14 +30,16 @@ The wire contract (docs/integrations.md, "Envs beyond one process"):
 Bounds: at most `max_sessions` live envs (WebSocket sessions and HTTP resets together;
 openenv-core refuses a session past it with CAPACITY_REACHED), idle sessions closed by
 openenv-core's reaper, request bodies and WebSocket messages at most `max_request_bytes`, a
-request body complete within `body_timeout_s`, a bearer token required on every route but
-`/health` when one is set. A session lives as long as the WebSocket that made it or that
-attached to it: openenv's `MCPToolClient` creates a session over HTTP `POST /mcp`
-(`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`) and addresses it
-by id in `tools/*` requests; here such a session is closed when that WebSocket leaves, or
-`attach_timeout_s` after its creation if none attached, and an HTTP request may address a session
-only while its WebSocket is attached (the session table and that guard: `mcp_sessions.py`). The connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
-sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
+request body complete within `body_timeout_s` (none read for GET or `/health`), a bearer token
+required on every route but `/health` when one is set, an `Origin` other than the server's own
+or `allowed_origins` refused (a web page of another origin). A session lives as long as the
+WebSocket that made it or that attached to it: openenv's `MCPToolClient` creates a session over
+HTTP `POST /mcp` (`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`)
+and addresses it by id in `tools/*` requests; here such a session is closed when that WebSocket
+leaves, or `attach_timeout_s` after its creation if none attached, and an HTTP request may
+address a session only while its WebSocket is attached (the session table and that guard, one
+`session_id` parser with openenv's: `mcp_sessions.py`). The connection cap, the per-peer cap and
+the request-head deadline are the CLI's (`connections.py`). Every string sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
 messages (WebSocket) or 4xx answers (HTTP); the server goes on.
 """
 
