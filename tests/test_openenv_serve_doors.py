@@ -1,7 +1,7 @@
-"""Red team: `seeupo-serve`'s doors before any env runs (issue 38, attacks on 2feb239).
+"""Red team: `seeupo-serve`'s doors before any env runs (attacks that won on 2feb239).
 
 - a web page from another origin opens `ws://127.0.0.1:<port>/ws` (a browser sends its `Origin`;
-  loopback needs no token) or posts to `/mcp`;
+  loopback needs no token) or posts to `/mcp` (as text/plain, which needs no CORS preflight);
 - connections that send a `/health` head and then drip a body hold every slot;
 - one peer opens every slot with half-open connections;
 - a WebSocket names `session_id` twice, so that the attach guard and openenv read different ones.
@@ -202,7 +202,6 @@ def closed_now(sockets: list[socket.socket]) -> list[bool]:
 
 
 def test_one_peer_cannot_take_every_connection_slot(guarded):
-    start = time.monotonic()
     attacker = [connect_from(guarded.url, "127.0.0.2") for _ in range(MAX_CONNECTIONS + 20)]
     try:
         for sock in attacker:  # half-open: a request head that never ends
@@ -212,8 +211,9 @@ def test_one_peer_cannot_take_every_connection_slot(guarded):
                 pass
         time.sleep(0.3)
         assert closed_now(attacker).count(False) == PER_PEER_DEFAULT
-        waited = served_within(guarded.url, HEAD_S + 3)  # another peer, before the attacker's head deadline
-        assert waited is not None and time.monotonic() - start < HEAD_S, f"an authorized client waited {waited} s"
+        waited = served_within(guarded.url, HEAD_S + 3)  # another peer
+        # ... served while the attacker still holds its slots (not once the head deadline freed them)
+        assert waited is not None and closed_now(attacker).count(False) == PER_PEER_DEFAULT, waited
         time.sleep(HEAD_S + 1)
         assert all(closed_now(attacker))  # the rest at the head deadline
     finally:
