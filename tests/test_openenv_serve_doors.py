@@ -1,6 +1,6 @@
 """Red team: `seeupo-serve`'s doors before any env runs (attacks that won on 2feb239).
 
-- a web page from another origin opens `ws://127.0.0.1:<port>/ws` (a browser sends its `Origin`;
+- a web page from another origin (in headless Chromium, and as raw requests) opens `ws://127.0.0.1:<port>/ws` (a browser sends its `Origin`;
   loopback needs no token) or posts to `/mcp` (as text/plain, which needs no CORS preflight);
 - connections that send a `/health` head and then drip a body hold every slot;
 - one peer opens every slot with half-open connections;
@@ -12,11 +12,20 @@ process for what its connection protocol decides (the cap, the per-peer limit, t
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import os
+import queue
 import select
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
+import types
+from pathlib import Path
 
 import httpx
 import pytest
@@ -37,6 +46,7 @@ FOREIGN = ("http://evil.example", "null", "http://127.0.0.1:1", "https://127.0.0
 MAX_CONNECTIONS, HEAD_S, BODY_S = 80, 4, 30
 PER_PEER_DEFAULT = 64
 TOOLS = {"action_format": "tools"}
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +120,85 @@ def test_a_foreign_origin_is_refused_even_with_the_token_and_the_cli_allows_orig
     assert refused_status(ws_url(guarded.url), origin=TRUSTED, additional_headers=AUTH) is None
     assert refused_status(ws_url(guarded.url), origin=guarded.url, additional_headers=AUTH) is None
     assert refused_status(ws_url(guarded.url), additional_headers=AUTH) is None
+
+
+PAGE = """<html><body><script>
+const server = "SERVER", results = {};
+let pending = 2;
+function done(key, value) {
+  if (key in results) return;
+  results[key] = value;
+  if (--pending === 0) fetch("/report", {method: "POST", body: JSON.stringify(results)});
+}
+const ws = new WebSocket(server.replace("http", "ws") + "/ws");
+ws.onopen = () => ws.send(JSON.stringify({type: "reset", data: {seed: 0}}));
+ws.onmessage = (event) => { done("ws", JSON.parse(event.data).type); ws.close(); };
+ws.onclose = () => done("ws", "refused");
+const create = {jsonrpc: "2.0", id: 1, method: "openenv/session/create", params: {}};
+fetch(server + "/mcp", {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"},
+                        body: JSON.stringify(create)}).then(() => done("mcp", "sent"), () => done("mcp", "failed"));
+</script></body></html>"""
+
+
+@contextlib.contextmanager
+def foreign_page():
+    """A page on another origin (127.0.0.1, another port) that plays the env server
+    `page.server_url`; yields (its origin, page), `page.reports` holding what the page reported."""
+    page = types.SimpleNamespace(server_url="", reports=queue.Queue())
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = PAGE.replace("SERVER", page.server_url).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            page.reports.put(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", page
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def chromium_report(page_url: str, reports: queue.Queue, profile: Path) -> dict:
+    """What the page reports once headless Chromium ran it."""
+    assert CHROMIUM is not None
+    browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                f"--user-data-dir={profile}", page_url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return reports.get(timeout=90)
+    finally:
+        os.killpg(browser.pid, signal.SIGKILL)  # its own process group: the browser and its helpers
+        browser.wait(timeout=30)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it)")
+def test_a_page_of_another_origin_in_chromium_neither_plays_the_env_nor_makes_an_mcp_session(tmp_path):
+    with foreign_page() as (origin, page):
+        for allowed in (False, True):  # the control: the same page, its origin allowed, plays the env
+            app = create_app("seeupo/TurnBandit-v0", TOOLS, max_sessions=4, allowed_origins=[origin] if allowed else [])
+            with serving_in_process(app) as url:
+                page.server_url = url
+                report = chromium_report(origin + "/", page.reports, tmp_path / f"profile-{allowed}")
+                sessions = len(app.state.openenv._sessions)  # the page's MCP session, had it been made
+            if allowed:
+                assert report == {"ws": "observation", "mcp": "sent"} and sessions == 1, (report, sessions)
+            else:
+                assert report == {"ws": "refused", "mcp": "sent"} and sessions == 0, (report, sessions)
 
 
 def test_a_malformed_allowed_origin_is_refused_at_start():
