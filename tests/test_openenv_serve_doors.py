@@ -99,6 +99,7 @@ def test_a_page_from_another_origin_cannot_open_a_websocket_session_and_other_cl
     assert not app.state.openenv._sessions  # refused before accept: no session was made
     assert refused_status(ws_url(url)) is None  # no Origin: not a browser
     assert refused_status(ws_url(url), origin=own) is None
+    assert refused_status(ws_url(url), origin=own.replace("127.0.0.1", "localhost")) is None  # loopback's own name
     assert refused_status(ws_url(url), origin=TRUSTED) is None  # --allow-origin
     assert refused_status(ws_url(url), origin=TRUSTED.upper()) is None  # origins compare case-blind
 

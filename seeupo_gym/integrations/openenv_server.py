@@ -531,7 +531,8 @@ class BoundedRequests:
     """ASGI guard in front of the app, in this order:
 
     - a request (a WebSocket upgrade included) with an `Origin` header that is neither the
-      server's own (`http://host:port` it was reached at) nor one of `allowed_origins` is refused
+      server's own (`http://host:port` it was reached at, on loopback also `localhost`) nor one of
+      `allowed_origins` is refused
       (403; a WebSocket before it is accepted): a web page of another origin may not play the env,
       token or none (non-browser clients send no `Origin`);
     - with a token, `Authorization: Bearer <token>` (or HTTP basic auth with the token as the
@@ -659,14 +660,23 @@ def normal_origin(origin: str) -> str:
 
 
 def _own_origins(scope: dict[str, Any]) -> tuple[str, ...]:
-    """The origins of a page this server itself would serve: the address this request reached."""
+    """The origins of a page this server itself would serve: the address this request reached,
+    and on loopback its other names (`localhost`, which some clients send, e.g. websocket-client;
+    a local process needs no browser to reach the port anyway)."""
+    import ipaddress
+
     server = scope.get("server")
     if not server or server[1] is None:
         return ()
     host, port = server
-    host = f"[{host}]" if ":" in host else host
-    own = f"http://{host}:{port}".lower()
-    return (own, f"http://{host}".lower()) if port == 80 else (own,)
+    hosts = [f"[{host}]" if ":" in host else host]
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            hosts += ["localhost", "127.0.0.1", "[::1]"]
+    except ValueError:
+        pass
+    own = [f"http://{name}:{port}".lower() for name in hosts]
+    return tuple(own + [f"http://{name}".lower() for name in hosts] if port == 80 else own)
 
 
 async def _refuse(scope: dict[str, Any], send: Callable, status: int, detail: str) -> None:
