@@ -532,9 +532,8 @@ class BoundedRequests:
 
     - a request (a WebSocket upgrade included) with an `Origin` header that is neither the
       server's own (`http://host:port` it was reached at, on loopback also `localhost`) nor one of
-      `allowed_origins` is refused
-      (403; a WebSocket before it is accepted): a web page of another origin may not play the env,
-      token or none (non-browser clients send no `Origin`);
+      `allowed_origins` is refused (403; a WebSocket before it is accepted): a web page of another
+      origin may not play the env, token or none (non-browser clients send no `Origin`);
     - with a token, `Authorization: Bearer <token>` (or HTTP basic auth with the token as the
       password, which WebSocket clients send from a `ws://user:token@host` URL) on every route but
       /health (401 / a refused WebSocket handshake);
