@@ -119,6 +119,31 @@ def test_a_request_body_that_never_completes_gets_408_at_the_body_deadline(guard
     assert BODY_S - 0.5 <= waited < BODY_S + 10
 
 
+def test_a_body_still_dripping_after_its_408_does_not_keep_the_connection(guarded):
+    # On 2feb239 the connection stayed open after its 408, for uvicorn's keep-alive timeout once the
+    # drip stopped and for as long as it went on (each byte puts that timeout off again).
+    host, port = guarded.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /reset HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{".encode())
+        sock.setblocking(False)
+        answer, closed_at, start = b"", None, time.monotonic()
+        while closed_at is None and time.monotonic() - start < BODY_S + 10:
+            time.sleep(0.25)
+            try:
+                chunk = sock.recv(4096)
+                answer += chunk
+                if not chunk:
+                    closed_at = time.monotonic() - start
+            except BlockingIOError:
+                if not answer:
+                    sock.send(b" ")  # dripped until the answer comes
+            except OSError:
+                closed_at = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert closed_at is not None and closed_at < BODY_S + 2, closed_at
+
+
 def test_http_mcp_sessions_without_a_websocket_are_closed_at_the_attach_deadline_and_free_their_capacity(guarded):
     create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
     answers = [httpx.post(f"{guarded.url}/mcp", json=create, headers=AUTH, timeout=30).json() for _ in range(3)]

@@ -3,9 +3,12 @@
 uvicorn keeps a connection open for as long as its client takes to send a request head, and
 accepts as many as the process has descriptors: 1,100 clients that never finish their headers
 exhaust them, before any token check. This protocol (uvicorn's HTTP/1.1 one, `h11`) closes a
-connection at once when `max_connections` are open already (WebSocket sessions included), and
-closes one whose request head (the request line and headers, a WebSocket upgrade request
-included) is not complete `header_timeout_s` after it opened or after its previous answer.
+connection at once when `max_connections` are open already (WebSocket sessions included) or when
+its peer (the remote IP address) holds `max_connections_per_peer` already, so that one peer cannot
+take every slot; closes one whose request head (the request line and headers, a WebSocket upgrade
+request included) is not complete `header_timeout_s` after it opened or after its previous answer;
+and closes one answered before its request body ended (a refusal), whose rest could drip forever.
+Reading a body within its deadline is the app's (`openenv_server.BoundedRequests`).
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 class BoundedConnections(H11Protocol):
-    """uvicorn's h11 protocol with a connection cap and a request-head deadline.
+    """uvicorn's h11 protocol with a connection cap, a per-peer cap and a request-head deadline.
 
     Use `BoundedConnections.configured(...)` as uvicorn's `http` protocol class.
     """
 
     max_connections = 256
+    max_connections_per_peer = 64
     header_timeout_s = 10.0
 
     @classmethod
-    def configured(cls, *, max_connections: int, header_timeout_s: float) -> type["BoundedConnections"]:
-        if max_connections < 1 or header_timeout_s <= 0:
-            raise ValueError(f"max_connections must be >= 1 and header_timeout_s > 0, got {max_connections}, "
-                             f"{header_timeout_s}")
-        return type(cls.__name__, (cls,), {"max_connections": max_connections, "header_timeout_s": header_timeout_s})
+    def configured(cls, *, max_connections: int, header_timeout_s: float,
+                   max_connections_per_peer: int = 64) -> type["BoundedConnections"]:
+        if max_connections < 1 or max_connections_per_peer < 1 or header_timeout_s <= 0:
+            raise ValueError(f"max_connections and max_connections_per_peer must be >= 1 and header_timeout_s > 0, "
+                             f"got {max_connections}, {max_connections_per_peer}, {header_timeout_s}")
+        return type(cls.__name__, (cls,), {"max_connections": max_connections, "header_timeout_s": header_timeout_s,
+                                           "max_connections_per_peer": max_connections_per_peer})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -39,11 +45,20 @@ class BoundedConnections(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
-            # Closed before reading anything: the descriptor is freed now, not at a timeout.
+        if len(self.connections) > self.max_connections or self._peer_connections() > self.max_connections_per_peer:
+            # Closed before reading anything: the descriptor is freed now, not at a timeout, and
+            # its slot at once (not when the loop gets to `connection_lost`).
+            self.connections.discard(self)
             transport.abort()
             return
         self._await_head()
+
+    def _peer_connections(self) -> int:
+        """Open connections from this one's remote address, itself and WebSocket sessions included."""
+        if not self.client:
+            return 0
+        peer = self.client[0]
+        return sum(1 for each in self.connections if (getattr(each, "client", None) or (None,))[0] == peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_received()
@@ -55,7 +70,12 @@ class BoundedConnections(H11Protocol):
             self._head_received()
 
     def on_response_complete(self) -> None:
-        self._await_head()  # the next keep-alive request gets the same deadline
+        if self.conn.their_state is h11.SEND_BODY:
+            # Answered before its body ended: every byte of the rest would put the keep-alive
+            # timeout off again, and the head deadline waits for a head that cannot come.
+            self.transport.close()
+        else:
+            self._await_head()  # the next keep-alive request gets the same deadline
         super().on_response_complete()
 
     def _await_head(self) -> None:

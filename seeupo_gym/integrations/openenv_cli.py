@@ -3,8 +3,11 @@
 Serves a registered env over the OpenEnv protocol (`openenv_server`); the key=value pairs are
 the env's kwargs (values read as YAML scalars: `max_turns=4`, `categories=[base,miss_func]`);
 `--session-kwargs max_turns,split` lets each session choose those kwargs at reset.
-At most `--max-connections` connections are open at once and each must send its request head
-within `--header-timeout` seconds, both enforced before any token check (`connections.py`).
+At most `--max-connections` connections are open at once, at most `--max-connections-per-peer`
+from one remote address, and each must send its request head within `--header-timeout` seconds,
+all enforced before any token check (`connections.py`). A request whose `Origin` header names
+another web origin than the server's own is refused (a web page may not play the env; a page of
+an origin given with `--allow-origin` may).
 Binding anything but a loopback address requires a token (`--token-file` or
 `$SEEUPO_SERVE_TOKEN`), which clients then send as `Authorization: Bearer <token>`.
 SIGTERM or Ctrl-C closes every session's env (an AppWorld env kills its sandboxes) and exits.
@@ -70,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="largest request body or WebSocket message (default 1 MiB)")
     parser.add_argument("--max-connections", type=int, default=256,
                         help="most open connections, WebSocket sessions included; more are closed at once (default 256)")
+    parser.add_argument("--max-connections-per-peer", type=int, default=64,
+                        help="most open connections from one remote IP address (default 64); a trainer on this "
+                             "machine opens one per session")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a web origin (scheme://host[:port]) whose pages may use the server beside its own; "
+                             "repeatable (default: none)")
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection has to send a request head (default 10)")
     parser.add_argument("--body-timeout", type=float, default=60.0,
@@ -101,10 +110,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     session_kwargs = tuple(name.strip() for name in args.session_kwargs.split(",") if name.strip())
     try:
         http = BoundedConnections.configured(max_connections=args.max_connections,
+                                             max_connections_per_peer=args.max_connections_per_peer,
                                              header_timeout_s=args.header_timeout)
         app = create_app(args.env_id, env_kwargs, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
                          max_request_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout, token=token,
-                         session_kwargs=session_kwargs, attach_timeout_s=args.attach_timeout)
+                         session_kwargs=session_kwargs, attach_timeout_s=args.attach_timeout,
+                         allowed_origins=args.allow_origin)
     except Exception as error:
         raise SystemExit(f"seeupo-serve: cannot serve {args.env_id} with {env_kwargs}: {error}") from None
 
@@ -115,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     print(f"seeupo-serve: {args.env_id} at http://{shown}:{port} (at most {args.max_sessions} sessions)", flush=True)
+    if args.max_sessions > args.max_connections_per_peer:
+        print(f"seeupo-serve: note: one client machine can hold at most {args.max_connections_per_peer} connections "
+              f"(--max-connections-per-peer), fewer than --max-sessions {args.max_sessions}", file=sys.stderr)
     config = uvicorn.Config(
         app,
         http=http,

@@ -30,14 +30,16 @@ The wire contract (docs/integrations.md, "Envs beyond one process"):
 Bounds: at most `max_sessions` live envs (WebSocket sessions and HTTP resets together;
 openenv-core refuses a session past it with CAPACITY_REACHED), idle sessions closed by
 openenv-core's reaper, request bodies and WebSocket messages at most `max_request_bytes`, a
-request body complete within `body_timeout_s`, a bearer token required on every route but
-`/health` when one is set. A session lives as long as the WebSocket that made it or that
-attached to it: openenv's `MCPToolClient` creates a session over HTTP `POST /mcp`
-(`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`) and addresses it
-by id in `tools/*` requests; here such a session is closed when that WebSocket leaves, or
-`attach_timeout_s` after its creation if none attached, and an HTTP request may address a session
-only while its WebSocket is attached. The connection cap and the request-head deadline are the CLI's (`connections.py`). Every string
-sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
+request body complete within `body_timeout_s` (none read for GET or `/health`), a bearer token
+required on every route but `/health` when one is set, an `Origin` other than the server's own
+or `allowed_origins` refused (a web page of another origin). A session lives as long as the
+WebSocket that made it or that attached to it: openenv's `MCPToolClient` creates a session over
+HTTP `POST /mcp` (`openenv/session/create`), attaches a WebSocket to it (`/ws?session_id=...`)
+and addresses it by id in `tools/*` requests; here such a session is closed when that WebSocket
+leaves, or `attach_timeout_s` after its creation if none attached, and an HTTP request may
+address a session only while its WebSocket is attached (the session table and that guard, one
+`session_id` parser with openenv's: `mcp_sessions.py`). The connection cap, the per-peer cap and
+the request-head deadline are the CLI's (`connections.py`). Every string sent is valid Unicode (lone surrogates escaped). Errors a client causes come back as error
 messages (WebSocket) or 4xx answers (HTTP); the server goes on.
 """
 
@@ -51,7 +53,6 @@ import json
 import logging
 import math
 import threading
-import time
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -67,13 +68,14 @@ from mcp.types import TextContent
 # First of the openenv imports: the client module imports openenv.core without its web playground.
 from seeupo_gym.integrations.openenv_client import ActionShapeError, ResponseAction, SeeupoState, TextObservation
 
-from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import RESERVED_TOOL_NAMES, CallToolAction, ListToolsAction
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 from pydantic import PrivateAttr
 
+from seeupo_gym.integrations.mcp_sessions import (BadSessionId, SessionServer, http_session_request, query_session_id,
+                                                  tracking_created_session)
 from seeupo_gym.text import valid_unicode
 from seeupo_gym.tools import END_TURN_SCHEMA, END_TURN_TOOL, plain_reply, render_tool_calls, step_tool_result
 
@@ -396,64 +398,6 @@ class ToolSession(GymSession, MCPEnvironment):
 
 
 
-class SessionServer(HTTPEnvServer):
-    """openenv's server with two watches, every half second:
-
-    - a request in flight counts as activity: openenv's reaper measures idleness from a session's
-      last answered request, so it would close a session in the middle of a long reset (an
-      AppWorld server starting);
-    - a session made over HTTP (`openenv/session/create`, as `MCPToolClient` does) lives only as
-      long as the WebSocket attached to it: closed when it leaves, or `attach_timeout_s` after
-      creation if none came (openenv would keep it until its idle reaper runs)."""
-
-    _watch_task: asyncio.Task | None = None
-    attach_timeout_s = 10.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._http_sessions: dict[str, float | None] = {}  # id -> attach deadline; None once attached
-
-    def track_http_session(self, session_id: str) -> None:
-        self._http_sessions[session_id] = time.monotonic() + self.attach_timeout_s
-
-    def is_http_session(self, session_id: str) -> bool:
-        return session_id in self._http_sessions
-
-    def is_attached(self, session_id: str) -> bool:
-        return session_id in self._session_websocket_attachments
-
-    def _start_reaper(self) -> None:
-        super()._start_reaper()
-        if self._watch_task is None:
-            self._watch_task = asyncio.create_task(self._watch_sessions())
-
-    def _stop_reaper(self) -> None:
-        super()._stop_reaper()
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            self._watch_task = None
-
-    async def _watch_sessions(self) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            try:
-                now = time.time()
-                for session_id, env in list(self._sessions.items()):
-                    info = self._session_info.get(session_id)
-                    if info is not None and getattr(env, "busy", False):
-                        info.last_activity_at = now
-                for session_id, deadline in list(self._http_sessions.items()):
-                    if session_id not in self._sessions:
-                        self._http_sessions.pop(session_id, None)
-                    elif self.is_attached(session_id):
-                        self._http_sessions[session_id] = None
-                    elif deadline is None or time.monotonic() > deadline:
-                        self._http_sessions.pop(session_id, None)
-                        await self._destroy_session(session_id)
-            except Exception:  # the watch must go on
-                logger.exception("watching sessions failed")
-
-
 def _check_reads_rendered_calls(env: Any) -> None:
     """MCP tool calls reach the env as hermes `<tool_call>` markup: its parser must read that."""
     from seeupo_gym.tools import tool_parser
@@ -484,16 +428,20 @@ def create_app(
     token: str | None = None,
     session_kwargs: tuple[str, ...] | list[str] = (),
     attach_timeout_s: float = 10.0,
+    allowed_origins: tuple[str, ...] | list[str] = (),
 ) -> FastAPI:
     """The FastAPI app serving `env_id` (made with `env_kwargs`); one env per session.
 
     `session_kwargs` names the env kwargs a session may set at reset (default: none).
+    `allowed_origins`: web origins (`scheme://host[:port]`) whose pages may use the server beside
+    its own; a request carrying any other `Origin` is refused.
     The env is made once here, to fail early on bad kwargs and to describe its spaces and tasks.
     """
     import seeupo_gym  # noqa: F401  (registers the ids)
 
     env_kwargs = dict(env_kwargs or {})
     session_kwargs = tuple(session_kwargs)
+    allowed_origins = tuple(normal_origin(origin) for origin in allowed_origins)
     defaults = default_kwargs(env_id)
     unknown = sorted(set(session_kwargs) - set(defaults))
     if unknown:
@@ -576,36 +524,57 @@ def create_app(
     app.router.on_shutdown.append(close_all)
     app.state.close_all = close_all
     return BoundedRequests(app, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s,  # type: ignore[return-value]
-                           token=token)
+                           token=token, allowed_origins=allowed_origins)
 
 
 class BoundedRequests:
-    """ASGI guard in front of the app: request bodies at most `max_request_bytes` (413) and
-    complete within `body_timeout_s` (408); with a token, `Authorization: Bearer <token>` (or
-    HTTP basic auth with the token as the password, which WebSocket clients send from a
-    `ws://user:token@host` URL) on every route but /health (401 / a refused WebSocket
-    handshake); the lifetime of HTTP-made sessions (`SessionServer`): a WebSocket may attach only
-    to a session made over HTTP, and an HTTP request may address a session only while its
-    WebSocket is attached."""
+    """ASGI guard in front of the app, in this order:
 
-    def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0) -> None:
+    - a request (a WebSocket upgrade included) with an `Origin` header that is neither the
+      server's own (`http://host:port` it was reached at, on loopback also `localhost`) nor one of
+      `allowed_origins` is refused (403; a WebSocket before it is accepted): a web page of another
+      origin may not play the env, token or none (non-browser clients send no `Origin`);
+    - with a token, `Authorization: Bearer <token>` (or HTTP basic auth with the token as the
+      password, which WebSocket clients send from a `ws://user:token@host` URL) on every route but
+      /health (401 / a refused WebSocket handshake);
+    - a WebSocket naming `session_id` twice or empty is refused (400), and may attach only to a
+      session made over HTTP (`mcp_sessions`);
+    - no body is read for a route that takes none (GET, HEAD, and /health, which is GET only): one
+      declared there is refused at once (400, or 405 for any other method on /health) and the
+      connection closed, so it holds no slot while a body drips;
+    - request bodies at most `max_request_bytes` (413) and complete within `body_timeout_s` (408);
+    - an HTTP MCP request may address a session only while its WebSocket is attached, and names
+      `session_id` once (400)."""
+
+    def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0,
+                 allowed_origins: tuple[str, ...] | list[str] = ()) -> None:
         self.app = app
         self.state = app.state
         self.max_request_bytes = max_request_bytes
         self.body_timeout_s = body_timeout_s
         self._token = token.encode() if token else None
+        self._allowed_origins = frozenset(normal_origin(origin) for origin in allowed_origins)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        if self._token is not None and scope.get("path") != "/health" and not self._authorized(scope):
+        origins = [value for name, value in scope.get("headers", []) if name == b"origin"]
+        if origins and not self._origin_allowed(scope, origins):
+            shown = valid_unicode(origins[0].decode("latin-1"))[:100]
+            return await _refuse(scope, send, 403, f"refused: a request from a web page of another origin ({shown!r}); "
+                                                   "the operator may allow an origin with --allow-origin")
+        path, method = scope.get("path"), scope.get("method")
+        if self._token is not None and path != "/health" and not self._authorized(scope):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
             else:
-                await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>")
+                await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>", close=True)
             return
         if scope["type"] == "websocket":
-            attach = _query_session_id(scope)
+            try:
+                attach = query_session_id(scope)
+            except BadSessionId as error:
+                return await _refuse(scope, send, 400, str(error))
             if attach is not None and not self.state.openenv.is_http_session(attach):
                 await send({"type": "websocket.close", "code": 1008,
                             "reason": "no such session to attach to (make one with openenv/session/create)"})
@@ -615,9 +584,16 @@ class BoundedRequests:
             except WebSocketDisconnect:
                 # openenv-core closes the socket again after its client left; nothing is lost.
                 return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        if path == "/health" or method in ("GET", "HEAD"):
+            if path == "/health" and method not in ("GET", "HEAD"):
+                return await _send_json(send, 405, "/health answers GET only", close=True)
+            if headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers:
+                return await _send_json(send, 400, f"{method} {path} takes no request body", close=True)
+            return await self.app(scope, receive, send)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
-            return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
+            return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes", close=True)
         body, more = bytearray(), True
         deadline = asyncio.get_running_loop().time() + self.body_timeout_s
         while more:
@@ -625,19 +601,20 @@ class BoundedRequests:
                 async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
-                return await _send_json(send, 408, f"request body not complete within {self.body_timeout_s:g} s")
+                return await _send_json(send, 408, f"request body not complete within {self.body_timeout_s:g} s",
+                                        close=True)
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_request_bytes:
-                return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes")
-        if scope.get("path") == "/mcp" and scope.get("method") == "POST":
-            refusal, creates = _http_session_request(bytes(body), self.state.openenv)
+                return await _send_json(send, 413, f"request body over {self.max_request_bytes} bytes", close=True)
+        if path == "/mcp" and method == "POST":
+            status, refusal, creates = http_session_request(bytes(body), self.state.openenv)
             if refusal is not None:
-                return await _send_json(send, 200, refusal)
+                return await _send_json(send, status, refusal)
             if creates:
-                send = _tracking_created_session(send, self.state.openenv)
+                send = tracking_created_session(send, self.state.openenv)
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -648,6 +625,12 @@ class BoundedRequests:
             return {"type": "http.request", "body": bytes(body), "more_body": False}
 
         await self.app(scope, replay, send)
+
+    def _origin_allowed(self, scope: dict[str, Any], origins: list[bytes]) -> bool:
+        if len(origins) != 1:
+            return False
+        origin = origins[0].decode("latin-1").strip().lower()
+        return origin in self._allowed_origins or origin in _own_origins(scope)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         assert self._token is not None
@@ -664,60 +647,54 @@ class BoundedRequests:
         return False
 
 
-def _http_session_request(body: bytes, server: SessionServer) -> tuple[dict[str, Any] | None, bool]:
-    """(a JSON-RPC error for an HTTP MCP request addressing a session with no WebSocket attached,
-    or None; whether the request creates a session)."""
+def normal_origin(origin: str) -> str:
+    """`origin` as browsers send it (`scheme://host[:port]`, lower case), or a ValueError."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(origin.strip())
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password
+            or parts.path not in ("", "/") or parts.query or parts.fragment):
+        raise ValueError(f"an allowed origin is scheme://host[:port] (http or https, no path), got {origin!r}")
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def _own_origins(scope: dict[str, Any]) -> tuple[str, ...]:
+    """The origins of a page this server itself would serve: the address this request reached,
+    and on loopback its other names (`localhost`, which some clients send, e.g. websocket-client;
+    a local process needs no browser to reach the port anyway)."""
+    import ipaddress
+
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return ()
+    host, port = server
+    hosts = [f"[{host}]" if ":" in host else host]
     try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
-        return None, False  # openenv answers a parse error itself
-    if not isinstance(request, dict):
-        return None, False
-    method, params = request.get("method"), request.get("params")
-    if method == "openenv/session/create":
-        return None, True
-    target = params.get("session_id") if isinstance(params, dict) else None
-    if method == "openenv/session/close" or target is None:
-        return None, False
-    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
-        return None, False
-    request_id = request.get("id")
-    return {"jsonrpc": "2.0", "id": request_id if isinstance(request_id, (str, int)) else None, "error": {
-        "code": -32600,
-        "message": "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
-                   "before addressing it; a session lives as long as that connection",
-    }}, False
+        if ipaddress.ip_address(host).is_loopback:
+            hosts += ["localhost", "127.0.0.1", "[::1]"]
+    except ValueError:
+        pass
+    own = [f"http://{name}:{port}".lower() for name in hosts]
+    return tuple(own + [f"http://{name}".lower() for name in hosts] if port == 80 else own)
 
 
-def _query_session_id(scope: dict[str, Any]) -> str | None:
-    from urllib.parse import parse_qs
-
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_id")
-    return values[0] if values else None
-
-
-def _tracking_created_session(send: Callable, server: SessionServer) -> Callable:
-    """`send`, noting the id of the session an `openenv/session/create` answer carries."""
-    chunks: list[bytes] = []
-
-    async def tracking(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                try:
-                    answer = json.loads(b"".join(chunks))
-                    session_id = (answer.get("result") or {}).get("session_id")
-                except (ValueError, AttributeError):
-                    session_id = None
-                if isinstance(session_id, str):
-                    server.track_http_session(session_id)
-        await send(message)
-
-    return tracking
-
-
-async def _send_json(send: Callable, status: int, detail: str | dict[str, Any]) -> None:
-    body = json.dumps(detail if isinstance(detail, dict) else {"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
+async def _refuse(scope: dict[str, Any], send: Callable, status: int, detail: str) -> None:
+    """An HTTP answer `status`; for a WebSocket, in place of its handshake (before any accept)."""
+    if scope["type"] == "http":
+        return await _send_json(send, status, detail, close=True)
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        return await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})  # a 403
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "websocket.http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+async def _send_json(send: Callable, status: int, detail: str | dict[str, Any], close: bool = False) -> None:
+    """`detail` as a JSON answer; `close`: the connection closes after it (a body left unread
+    would otherwise keep it, and its slot, for as long as the client drips it)."""
+    body = json.dumps(detail if isinstance(detail, dict) else {"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status,
+                "headers": headers + [(b"connection", b"close")] if close else headers})
     await send({"type": "http.response.body", "body": body})
