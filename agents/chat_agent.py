@@ -97,6 +97,7 @@ def collect_chat(
     env_kwargs: dict[str, Any] | None = None,
     concurrency: int = 8,
     on_turn: Any = None,
+    on_episode: Any = None,
 ) -> RolloutBatch:
     """`group_size` episodes of every task with a chat-mode `OpenAIBackend`, `concurrency` at once
     (each on its own env). Same seed, same requests (per (episode, turn) seeds)."""
@@ -106,9 +107,12 @@ def collect_chat(
         index, task_id, b, g = job
         env = gym.make(env_id, **(env_kwargs or {}))
         try:
-            return _episode(backend, env, task_id, b, g, index, seed, sampling, on_turn)
+            trajectory = _episode(backend, env, task_id, b, g, index, seed, sampling, on_turn)
         finally:
             env.close()
+        if on_episode is not None:  # e.g. a progress bar: one step per finished episode
+            on_episode(trajectory)
+        return trajectory
 
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="chat-episode") as pool:
         trajectories = list(pool.map(run, jobs))
@@ -143,6 +147,10 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
             record["error"] = f"{type(error).__name__}: {error}"
             return finish("backend_error", 0.0, False, True, info)
         action = render_reply(reply.content, reply.tool_calls, bool(tools))
+        if not tools:  # the ReAct format reads the text: calls the server made as tool calls are lost
+            dropped = len(reply.tool_calls) + reply.content.count("<tool_call>")
+            if dropped:
+                record["dropped_tool_calls"] = record.get("dropped_tool_calls", 0) + dropped
         record["actions"].append(action)
         turns.append(Turn(context_ids=[], response_ids=[], sample_logprobs=[], finish_reason=reply.finish_reason))
         if on_turn is not None:

@@ -246,12 +246,25 @@ class VectorAgent:
 
     # ------------------------------------------------------------------ public
 
-    def collect(self, task_ids: Sequence[str | None], group_size: int, seed: int) -> RolloutBatch:
+    def collect(self, task_ids: Sequence[str | None], group_size: int, seed: int, *, progress: bool = False) -> RolloutBatch:
         """G = group_size rollouts of each task; a None task is drawn by the env (seeded).
 
         Trajectories come back in task order, rollouts of a task together. group_id is
         "<b>:<task_id>" (b = position in task_ids), rollout_id "<b>:<task_id>:<g>".
+        progress: a bar on stderr that moves with every response (tokens generated).
         """
+        if progress:
+            from tqdm.auto import tqdm
+
+            from seeupo_gym.agents.backends.progress import TurnProgress
+
+            backend = self.backend
+            with tqdm(desc="collect", unit="tok", unit_scale=True, leave=False, dynamic_ncols=True) as bar:
+                self.backend = TurnProgress(backend, bar)
+                try:
+                    return self.collect(task_ids, group_size, seed)
+                finally:
+                    self.backend = backend
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
         start = time.perf_counter()

@@ -190,7 +190,9 @@ class Totals:
     in different parts, so a part's rows must be told their trajectory: pass `totals.part(part)`.
     """
 
-    samples: int  # sequences with any response token: turns, or trajectories (verl leaves empty rows out)
+    # Sequences with any response token before rejection: turns, or trajectories (the minibatch's
+    # row count, verl v1's `global_batch_size`; `options.totals` keeps rows that rejection emptied).
+    samples: int
     tokens: int
     # Response tokens of each trajectory of the minibatch, by rollout_id (sequences = trajectories).
     trajectory_tokens: Mapping[str, int] | None = None
@@ -383,9 +385,16 @@ def pad_rows(rows: Sequence[torch.Tensor], length: int) -> torch.Tensor:
     return out
 
 
+def table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a step's tables (frozen logprobs, values, GAE, rollout weights) are kept in: the
+    learner's, at least float32 (a float64 learner keeps float64 tables; bf16/fp16 are widened)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _split(tokens: TokenLogprobs) -> list[torch.Tensor]:
     # Kept on the CPU: a step's frozen logprobs are small and outlive the minibatch.
-    flat = tokens.logprobs.detach()[tokens.mask].float().cpu()
+    flat = tokens.logprobs.detach()[tokens.mask]
+    flat = flat.to(table_dtype(flat.dtype)).cpu()
     return list(torch.split(flat, tokens.mask.sum(dim=1).tolist()))
 
 
@@ -424,7 +433,8 @@ def old_or_detached(
 def frozen_values(learner: Learner, samples: Sequence[TurnSample]) -> dict[SampleKey, torch.Tensor]:
     """Value estimates of every sample's response tokens, without autograd, keyed like `frozen_logprobs`."""
     with torch.no_grad():
-        values = learner.values(samples).detach().float().cpu()
+        values = learner.values(samples).detach()
+        values = values.to(table_dtype(values.dtype)).cpu()
     return {sample_key(s): row[: s.turn.num_response_tokens] for s, row in zip(samples, values)}
 
 
@@ -638,15 +648,20 @@ def sequence_policy_loss(
     entropy_coeff: float = 0.0,
     loss_agg: str = "seq-mean-token-mean",
     loss_scale_factor: float | None = None,
+    policy_loss_agg: str | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Sequence-level clipped surrogate (GSPO, SeeUPO): `-mean_sequences clip_obj(s(y), w)` + KL
     `- entropy_coeff * agg H`.
 
-    loss_agg (verl's GSPO takes any): every token of a sequence carries its sequence's objective, so
+    loss_agg aggregates the KL and entropy terms, and the policy term unless `policy_loss_agg` is
+    given. Every token of a sequence carries its sequence's objective (verl's per-token GSPO), so
     `seq-mean-token-mean` (the default, GSPO's paper) is the mean over sequences; the other modes
     weigh sequence i by its token count n_i: token-mean `n_i / tokens`, token-sum `n_i`,
-    seq-mean-token-sum `n_i / sequences` (and `/ loss_scale_factor` for -norm). KL and entropy are
-    aggregated with the same mode.
+    seq-mean-token-sum `n_i / sequences` (and `/ loss_scale_factor` for -norm). That is verl
+    0.9.1's `compute_policy_loss_gspo` (`agg_loss(pg_losses, loss_agg_mode)`).
+    policy_loss_agg: the policy term's own mode; `seq-mean-token-mean` is verl 0.9.0's (and earlier)
+    GSPO, which aggregates the policy term per sequence whatever `loss_agg_mode` says, while KL and
+    entropy follow `loss_agg_mode` (so verl 0.9.0's default: per-sequence policy, per-token KL).
 
     weights [n]: the per-row advantage (GSPO: A_i; SeeUPO: M_i). A sequence is a row (one turn's
     response), or with trajectory totals (`Totals.part`) all of a trajectory's rows together, which
@@ -671,7 +686,7 @@ def sequence_policy_loss(
     elif new.sampled is not None:  # rollouts from older weights: reweight each sequence (TIS)
         behaviour = behaviour_weights(old, new.sampled, mask, new.sampled_cap, level="sequence", totals=totals) * real
         objective = objective * behaviour
-    share = _sequence_shares(tokens, totals, loss_agg, loss_scale_factor)
+    share = _sequence_shares(tokens, totals, policy_loss_agg or loss_agg, loss_scale_factor)
     loss = -(objective * share).sum()
     kl = None
     if ref is not None and kl_coef > 0:

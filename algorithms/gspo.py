@@ -8,7 +8,9 @@ sequences. `log s` is clamped above at 10 as verl. (GSPO's paper uses much small
 a parameter.)
 
 verl's options (algorithms/options.py): `loss_agg` (how sequences weigh: per sequence by default,
-or by their token counts as verl's token-mean etc.; KL and entropy aggregated alike),
+or by their token counts under verl 0.9.1's token-mean etc.; KL and entropy aggregated alike) and
+`policy_loss_agg` (the policy term's own mode: `seq-mean-token-mean` is verl 0.9.0's GSPO, whose
+policy term ignores `loss_agg_mode`),
 `use_kl_in_reward`, `entropy_coeff`, `rollout_correction` (sequence-level weights; token-level ones
 are refused: the surrogate has one term per sequence), every `kl_estimator`.
 """
@@ -31,9 +33,14 @@ class GSPOConfig(options.LossOptionsConfig):
     # What one ratio covers: turn (default: each turn's response, the SeeUPO paper, the unit SeeUPO
     # updates) | trajectory (verl's: one row per trajectory, every turn's response tokens).
     sequence: str = "turn"
-    # How sequences weigh in the loss: seq-mean-token-mean (GSPO's paper; verl's default for GSPO is
-    # token-mean) | token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm.
+    # How sequences weigh in the loss (policy, KL and entropy terms, as verl 0.9.1's GSPO):
+    # seq-mean-token-mean (GSPO's paper; verl's actor default is token-mean) | token-mean | token-sum
+    # | seq-mean-token-sum | seq-mean-token-sum-norm.
     loss_agg: str = "seq-mean-token-mean"
+    # The policy term's own aggregation, null = loss_agg (verl 0.9.1). seq-mean-token-mean is verl
+    # 0.9.0's GSPO (policy per sequence whatever loss_agg_mode; KL and entropy by loss_agg_mode):
+    # `loss_agg: token-mean, policy_loss_agg: seq-mean-token-mean` is verl 0.9.0's default setup.
+    policy_loss_agg: str | None = None
     # seq-mean-token-sum-norm divides by this (verl's loss_scale_factor); required with that mode.
     loss_scale_factor: float | None = None
 
@@ -42,6 +49,10 @@ class GSPOConfig(options.LossOptionsConfig):
         self.require_choice("normalization", core.NORMALIZATIONS)
         self.require_choice("sequence", core.SEQUENCES)
         self.require_choice("loss_agg", core.LOSS_AGGREGATIONS)
+        if self.policy_loss_agg is not None:
+            self.require_choice("policy_loss_agg", core.LOSS_AGGREGATIONS)
+            if self.policy_loss_agg == "seq-mean-token-sum-norm" and not (self.loss_scale_factor or 0) > 0:
+                raise ValueError("policy_loss_agg: seq-mean-token-sum-norm needs loss_scale_factor > 0")
         self.require_scale_factor()
         self.refuse_token_weights_on_sequences("GSPO")
 
@@ -81,6 +92,7 @@ class GSPO(Algorithm):
                     entropy_coeff=cfg.entropy_coeff,
                     loss_agg=cfg.loss_agg,
                     loss_scale_factor=cfg.loss_scale_factor,
+                    policy_loss_agg=cfg.policy_loss_agg,
                 )
 
             steps.append(options.minimize(learner, minibatch, loss, cfg))

@@ -113,17 +113,21 @@ def prepare_step(
 
 
 def totals(step: StepInputs, minibatch: Sequence[TurnSample]) -> core.Totals:
-    """The minibatch's counts, of the tokens rejection keeps (verl's modified response mask)."""
+    """The minibatch's counts: the tokens rejection keeps (verl's modified response mask, its
+    `batch_num_tokens`), and every sequence of the minibatch, also one that rejection emptied
+    (verl v1's `global_batch_size`, the mini-batch's row count, which its trainer passes to
+    `agg_loss`; `agg_loss` alone would count only the sequences that keep a token)."""
+    before = core.Totals.of(minibatch, step.sequence)
     if step.correction is None or not any(not bool(k.all()) for k in _keeps(step, minibatch)):
-        return core.Totals.of(minibatch, step.sequence)
+        return before
     kept = {core.sample_key(s): int(k.sum()) for s, k in zip(minibatch, _keeps(step, minibatch))}
     tokens = sum(kept.values())
     if step.sequence == "turn":
-        return core.Totals(sum(1 for n in kept.values() if n), tokens)
+        return core.Totals(before.samples, tokens)
     per_trajectory: dict[str, int] = {}
     for s in minibatch:
         per_trajectory[s.rollout_id] = per_trajectory.get(s.rollout_id, 0) + kept[core.sample_key(s)]
-    return core.Totals(sum(1 for n in per_trajectory.values() if n), tokens, per_trajectory)
+    return core.Totals(before.samples, tokens, per_trajectory)
 
 
 def _keeps(step: StepInputs, samples: Sequence[TurnSample]) -> list[torch.Tensor]:

@@ -63,9 +63,11 @@ def trajectory_gae(
     concatenated in order into one row, R_i sits on the row's last token, `token_rewards` (the KL
     penalty) add per token; tokens outside `keep` (rejected) are skipped like padding."""
     rows, keys = [], []
+    # GAE runs in the dtype of the values (a float64 critic: float64 advantages and returns).
+    dtype = next(iter(values.values())).dtype if values else torch.float32
     for trajectory in batch:
         sample_keys = [(trajectory.rollout_id, t) for t in range(1, trajectory.num_turns + 1)]
-        rows.append(torch.cat([values[k] for k in sample_keys]) if sample_keys else torch.zeros(0))
+        rows.append(torch.cat([values[k] for k in sample_keys]) if sample_keys else torch.zeros(0, dtype=dtype))
         keys.append(sample_keys)
     length = max((r.numel() for r in rows), default=0)
     value_rows = core.pad_rows(rows, length)
@@ -73,7 +75,9 @@ def trajectory_gae(
     mask = torch.arange(length)[None, :] < lengths[:, None]
     rewards = torch.zeros_like(value_rows)
     if token_rewards is not None:
-        rewards = core.pad_rows([torch.cat([token_rewards[k] for k in ks]) if ks else torch.zeros(0) for ks in keys], length)
+        rewards = core.pad_rows(
+            [torch.cat([token_rewards[k] for k in ks]) if ks else torch.zeros(0) for ks in keys], length
+        ).to(dtype)
     if keep is not None:
         mask = core.pad_rows([torch.cat([keep[k].float() for k in ks]) if ks else torch.zeros(0) for ks in keys], length) > 0.5
     for i, trajectory in enumerate(batch):

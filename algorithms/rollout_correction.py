@@ -208,6 +208,8 @@ def correct(
     if correction.rs_bounds:
         metrics["rollout_rs_masked_fraction"] = float(1.0 - keep[mask].double().mean()) if mask.any() else 0.0
     weight_table, keep_table = ({} if weights is not None else None), {}
+    # The weights are kept in the dtype of the logprobs they came from (float64 learner: float64).
+    dtypes = [old[sample_key(s)].dtype for s in samples]
     for k, group in enumerate(groups):
         start = 0
         for i in group:
@@ -215,6 +217,6 @@ def correct(
             key = sample_key(samples[i])
             keep_table[key] = keep[k, start : start + n].clone()
             if weight_table is not None:
-                weight_table[key] = weights[k, start : start + n].float().clone()
+                weight_table[key] = weights[k, start : start + n].to(dtypes[i]).clone()
             start += n
     return Correction(weight_table, keep_table, metrics)

@@ -7,6 +7,15 @@
    then, with the updated parameters, `M_i <- M_i * s(y_{i,t})` (detached) for every i in D_t.
 3. The next step samples with the final parameters.
 
+Episodes of different lengths (one that ended before turn t, e.g. at a TurnBandit `stopping` stop):
+D_t holds only the trajectories that reached turn t (`RolloutBatch.turn_pool`); an ended one is
+absent, not a placeholder. Pool t's loss is the mean over D_t: the paper's no-op placeholders (every
+trajectory in every pool) would divide it by all N trajectories instead, the same direction with a
+step |D_t|/N as large (one minibatch per pool). An ended trajectory's M is untouched by the pools it
+is absent from (the s = 1 a placeholder would give). M_i starts from the trajectory's own GRAE
+advantage over all N, not a per-turn baseline. Tested against Algorithm 1 written out with early
+ends, both orders (tests/test_seeupo_shared_pass.py).
+
 Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
 pool just before its update, as the authors' code does (a different estimator). `M` is keyed

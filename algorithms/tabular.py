@@ -2,7 +2,8 @@
 
 The world is any sequential joint-action task: T turns, K options per turn, a team reward
 r(a_1..a_T) revealed at the end (TurnBandit tasks fit; this module knows nothing of envs and
-reads tasks through the `JointActionTask` protocol). A context is (task index, earlier
+reads tasks through the `JointActionTask` protocol). A task may end before T (`ends`, e.g. a
+TurnBandit `stopping` task's stop option): a joint action is then any action sequence that ends. A context is (task index, earlier
 choices); the policy holds one row of K logits per context. A "response" is one token, the
 chosen option, so `TokenLogprobs` are [n, 1].
 
@@ -36,6 +37,29 @@ class JointActionTask(Protocol):
     def num_options(self) -> int: ...
 
     def reward(self, actions: Sequence[int]) -> float: ...
+
+
+def ends(task: JointActionTask, actions: Sequence[int]) -> bool:
+    """Whether an episode of `task` is over after `actions`: the task's own `ends` where it has one
+    (episodes whose length the policy chooses), else after T choices."""
+    method = getattr(task, "ends", None)
+    return bool(method(actions)) if method is not None else len(actions) >= task.num_turns
+
+
+def joint_actions(task: JointActionTask) -> list[tuple[int, ...]]:
+    """Every complete joint action of `task` (each ends, none of its prefixes does), in lexicographic order."""
+    out: list[tuple[int, ...]] = []
+
+    def visit(history: tuple[int, ...]) -> None:
+        for a in range(task.num_options):
+            actions = history + (a,)
+            if ends(task, actions):
+                out.append(actions)
+            else:
+                visit(actions)
+
+    visit(())
+    return out
 
 
 def context_ids(task_index: int, history: Sequence[int]) -> list[int]:
@@ -164,11 +188,11 @@ class TabularPolicy:
 
     # -- exact evaluation ---------------------------------------------------------------
     def joint_action_probabilities(self, task_index: int) -> dict[tuple[int, ...], float]:
-        """pi(a_1..a_T) of every joint action of task `task_index` (sums to 1)."""
+        """pi(a_1..a_n) of every joint action of task `task_index` (sums to 1)."""
         task = self.tasks[task_index]
         table = self.log_probs_table().exp().tolist()
         out = {}
-        for actions in itertools.product(range(task.num_options), repeat=task.num_turns):
+        for actions in joint_actions(task):
             p = 1.0
             for t, a in enumerate(actions):
                 p *= table[self.index[tuple(context_ids(task_index, actions[:t]))]][a]
@@ -176,21 +200,23 @@ class TabularPolicy:
         return out
 
     def exact_values(self, task_index: int) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
-        """(V, Q) of the policy on one task, exactly: V(h) for every history h shorter than T and
-        Q(h + (a,)) = expected reward after choosing a at h (for full h + (a,), the reward itself).
-        The exact advantage of choosing a at h is Q(h + (a,)) - V(h)."""
+        """(V, Q) of the policy on one task, exactly: V(h) for every history h at which the episode
+        goes on and Q(h + (a,)) = expected reward after choosing a at h (where h + (a,) ends the
+        episode, the reward itself). The exact advantage of choosing a at h is Q(h + (a,)) - V(h)."""
         task = self.tasks[task_index]
         table = self.log_probs_table().exp().tolist()
-        q: dict[tuple[int, ...], float] = {
-            a: task.reward(a) for a in itertools.product(range(task.num_options), repeat=task.num_turns)
-        }
+        q: dict[tuple[int, ...], float] = {}
         v: dict[tuple[int, ...], float] = {}
-        for depth in range(task.num_turns - 1, -1, -1):
-            for history in itertools.product(range(task.num_options), repeat=depth):
-                row = table[self.index[tuple(context_ids(task_index, history))]]
-                v[history] = sum(row[a] * q[history + (a,)] for a in range(task.num_options))
-                if depth:
-                    q[history] = v[history]
+
+        def value(history: tuple[int, ...]) -> float:
+            row = table[self.index[tuple(context_ids(task_index, history))]]
+            for a in range(task.num_options):
+                actions = history + (a,)
+                q[actions] = task.reward(actions) if ends(task, actions) else value(actions)
+            v[history] = sum(row[a] * q[history + (a,)] for a in range(task.num_options))
+            return v[history]
+
+        value(())
         return v, q
 
     def exact_return(self, task_index: int) -> float:
@@ -232,9 +258,13 @@ def sample_batch(policy: TabularPolicy, rollouts_per_task: int, generator: torch
         # All G rollouts of a task advance one turn at a time; each draws from its own context's row.
         histories: list[tuple[int, ...]] = [() for _ in range(rollouts_per_task)]
         for _ in range(task.num_turns):
-            rows = torch.tensor([policy.index[tuple(context_ids(k, h))] for h in histories])
+            going = [g for g, h in enumerate(histories) if not h or not ends(task, h)]
+            if not going:
+                break
+            rows = torch.tensor([policy.index[tuple(context_ids(k, histories[g]))] for g in going])
             draws = torch.multinomial(table[rows], 1, generator=generator).squeeze(1).tolist()
-            histories = [h + (a,) for h, a in zip(histories, draws)]
+            for g, a in zip(going, draws):
+                histories[g] = histories[g] + (a,)
         trajectories += [
             _trajectory(policy, log_rows, _Rollout(k, h), f"{task.task_id}/{g}") for g, h in enumerate(histories)
         ]

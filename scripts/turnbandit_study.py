@@ -6,8 +6,12 @@ minibatch size). After every iteration the exact expected return J of each task 
 enumerating joint actions, so the curves carry no evaluation noise.
 
     .venv/bin/python scripts/turnbandit_study.py --out runs/turnbandit_study
+    .venv/bin/python scripts/turnbandit_study.py --variant stopping --batches expected --out ...
 
 writes `results.md` (the table), `results.json` (every curve) and `curves.png` into --out.
+`--batches expected` trains on deterministic batches whose joint-action counts follow the policy
+(`tabular.expected_batch`: no sampling noise) instead of sampled ones. The `stopping` variant's
+tasks are grouped by where their optimum ends: at the last turn, at a later stop, at the first stop.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 import torch
 
 from seeupo_gym.algorithms.base import make_algorithm
-from seeupo_gym.algorithms.tabular import TabularPolicy, sample_batch
+from seeupo_gym.algorithms.tabular import TabularPolicy, expected_batch, sample_batch
 from seeupo_gym.turnbandit import make_tasks
 
 
@@ -56,11 +60,26 @@ def run(config: StudyConfig, tasks: list, seed: int, args: argparse.Namespace) -
     def scores() -> list[float]:
         return [policy.exact_return(k) / optimum[k] for k in range(len(tasks))]
 
+    def batch():
+        if args.batches == "expected":
+            return expected_batch(policy, args.rollouts)
+        return sample_batch(policy, args.rollouts, generator)
+
     curve = [scores()]
     for _ in range(args.iterations):
-        algorithm.update(sample_batch(policy, args.rollouts, generator), policy, generator)
+        algorithm.update(batch(), policy, generator)
         curve.append(scores())
     return curve
+
+
+def group_of(task) -> str:
+    """The table's column group of a task: its kind; stopping tasks by where their optimum ends."""
+    if not getattr(task, "stops", ()):
+        return task.kind
+    actions = task.optimal()[1]
+    if len(actions) == 1:
+        return "stop first"
+    return "stop later" if actions[-1] == task.stops[len(actions) - 1] else "to the end"
 
 
 def summarize(curves: list[list[list[float]]], threshold: float) -> dict[str, float]:
@@ -89,10 +108,10 @@ def plot(results: dict[str, list[list[list[float]]]], tasks: list, out: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = sorted({t.kind for t in tasks})
+    kinds = sorted({group_of(t) for t in tasks})
     fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        members = [k for k, t in enumerate(tasks) if t.kind == kind]
+        members = [k for k, t in enumerate(tasks) if group_of(t) == kind]
         for label, curves in results.items():
             iterations = len(curves[0])
             mean = [
@@ -119,6 +138,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=150)
     parser.add_argument("--rollouts", type=int, default=16, help="G rollouts per task per iteration")
+    parser.add_argument("--batches", default="sampled", choices=["sampled", "expected"],
+                        help="sampled rollouts, or expected batches (counts follow the policy, no noise)")
     parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--epochs", type=int, default=1)
@@ -138,14 +159,14 @@ def main() -> None:
         results[config.label] = [run(config, tasks, seed, args) for seed in range(args.seeds)]
         print(f"{config.label:<24} {time.perf_counter() - start:6.1f} s", flush=True)
 
-    kinds = sorted({t.kind for t in tasks})
+    kinds = sorted({group_of(t) for t in tasks})
     header = "| configuration | " + " | ".join(
         f"{kind}: final J/J* | {kind}: iters to {args.threshold:.0%} | {kind}: runs at optimum | {kind}: seeds all optimal"
         for kind in kinds
     ) + " |"
     lines = [
         f"TurnBandit `{args.variant}` suite: {len(tasks)} tasks (task seed {args.task_seed}, K={args.options}), "
-        f"{args.seeds} seeds, {args.iterations} iterations x {args.rollouts} rollouts per task, "
+        f"{args.seeds} seeds, {args.iterations} iterations x {args.rollouts} {args.batches} rollouts per task, "
         f"{args.optimizer} lr {args.lr}, epochs {args.epochs}, minibatch {args.minibatch_size}, kl {args.kl_coef}. "
         f"'iters to' counts runs that never get there as {args.iterations}.",
         "",
@@ -157,7 +178,7 @@ def main() -> None:
         cells = []
         summary[label] = {}
         for kind in kinds:
-            members = [k for k, t in enumerate(tasks) if t.kind == kind]
+            members = [k for k, t in enumerate(tasks) if group_of(t) == kind]
             part = [[[row[k] for k in members] for row in c] for c in curves]
             s = summarize(part, args.threshold)
             summary[label][kind] = s

@@ -94,10 +94,20 @@ class RayEnv(gym.Env[str, str]):
                  start_timeout_s: float = 300.0) -> None:
         ray = _ray()
         if not ray.is_initialized():
-            if os.environ.get("RAY_ADDRESS"):
+            # Ray's start prints nothing for up to a minute: say what is being waited for.
+            import sys
+            import time
+
+            started = time.perf_counter()
+            where = os.environ.get("RAY_ADDRESS")
+            print(f"seeupo: joining the Ray cluster at {where} ..." if where else
+                  "seeupo: starting a local Ray instance for the env workers (127.0.0.1; up to a minute) ...",
+                  file=sys.stderr, flush=True)
+            if where:
                 ray.init(include_dashboard=False, log_to_driver=False)
             else:
                 start_local_ray()
+            print(f"seeupo: Ray is up ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         self.timeout_s = timeout_s
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})

@@ -39,3 +39,8 @@ def valid_unicode_tree(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(valid_unicode_tree(item) for item in value)
     return value
+
+
+def counted(count: Any, noun: str) -> str:
+    """`1 token`, `2 tokens`: a count and its noun, plural unless the count is exactly 1."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -9,6 +9,13 @@ Variants (kwarg `variant`):
   whatever follows, so the first option that is best under a uniform continuation is the decoy.
 - `random`: rewards drawn uniformly, rescaled so the best joint action scores 1.
 - `mixed` (default): even task indices climbing, odd ones random.
+- `stopping` (the episode's length is the policy's choice): at every turn one option (its place
+  drawn per turn) is "stop", which ends the episode with that stop's reward. Continuing along one
+  path of the other options reaches J*; the first turn's stop is a sure mid-size reward (a decoy,
+  better than continuing under a uniform continuation, which mostly falls off the path). By task
+  index mod 3: continuing to the end is optimal (J* = 1 after T turns); a stop at turn t_s >= 2 on
+  the path is optimal (J* = 1 there, continuing to the end scores less); stopping first is optimal.
+  `optimal()` is backward induction over stops included.
 - `easy`: for small LLMs; T=2, K options per turn, exactly one of which is a fruit; the reward is
   the fraction of turns on which the fruit was chosen (`hint=True` says so in the goal).
 - `capital`: the smoke test of a training loop, learnable by a random-init model; T=2 (the
@@ -63,7 +70,7 @@ from seeupo_gym.tools import assistant_message, function_schema, parse_tool_resp
 from seeupo_gym.tools import tool_parser as find_tool_parser
 
 LABELS = "ABCDEFGH"
-VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital")
+VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital", "stopping")
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
 ACTION_FORMATS = ("react", "tools")
@@ -96,8 +103,10 @@ class BanditTask:
     kind: str
     goal: str
     options: tuple[tuple[str, ...], ...]  # options[t][k]: text of option k at turn t+1
-    rewards: dict[tuple[int, ...], float]  # every joint action -> team reward in [0, 1]
+    # every complete joint action (T choices, or fewer ending with a stop) -> team reward in [0, 1]
+    rewards: dict[tuple[int, ...], float]
     instructions: tuple[str, ...] = ()  # per turn, shown with the options (`follow`)
+    stops: tuple[int, ...] = ()  # the stop option of each turn (`stopping`); () = no stop
 
     @property
     def num_turns(self) -> int:
@@ -110,22 +119,27 @@ class BanditTask:
     def reward(self, actions: Sequence[int]) -> float:
         return self.rewards[tuple(actions)]
 
+    def ends(self, actions: Sequence[int]) -> bool:
+        """Whether the episode is over after `actions`: T choices, or a turn's stop option."""
+        return len(actions) >= self.num_turns or bool(self.stops and actions and actions[-1] == self.stops[len(actions) - 1])
+
     def optimal(self) -> tuple[float, tuple[int, ...]]:
-        """(J*, an optimal joint action) by backward induction: V_T(h) = max_a r(h, a),
-        V_t(h) = max_a V_{t+1}(h, a); ties go to the lowest option index."""
-        values: dict[tuple[int, ...], float] = {a: r for a, r in self.rewards.items()}
+        """(J*, an optimal joint action) by backward induction: V(h) = max_a [r(h, a) if the episode
+        ends at (h, a) (the last turn, or a stop) else V(h, a)]; ties go to the lowest option index."""
         best_action: dict[tuple[int, ...], int] = {}
-        for depth in range(self.num_turns - 1, -1, -1):
-            level: dict[tuple[int, ...], float] = {}
-            for history in itertools.product(range(self.num_options), repeat=depth):
-                children = [values[history + (a,)] for a in range(self.num_options)]
-                best = max(range(self.num_options), key=lambda a: (children[a], -a))
-                best_action[history], level[history] = best, children[best]
-            values = level
+
+        def value(history: tuple[int, ...]) -> float:
+            children = [self.reward(history + (a,)) if self.ends(history + (a,)) else value(history + (a,))
+                        for a in range(self.num_options)]
+            best = max(range(self.num_options), key=lambda a: (children[a], -a))
+            best_action[history] = best
+            return children[best]
+
+        optimum = value(())
         actions: tuple[int, ...] = ()
-        while len(actions) < self.num_turns:
+        while not actions or not self.ends(actions):
             actions += (best_action[actions],)
-        return values[()], actions
+        return optimum, actions
 
     @property
     def optimal_value(self) -> float:
@@ -137,11 +151,13 @@ class BanditTask:
 
     def first_turn_uniform_values(self) -> list[float]:
         """Mean reward of each first option when every later turn is uniform."""
-        totals = [0.0] * self.num_options
-        for actions, r in self.rewards.items():
-            totals[actions[0]] += r
-        per_option = self.num_options ** (self.num_turns - 1)
-        return [total / per_option for total in totals]
+
+        def uniform(history: tuple[int, ...]) -> float:
+            if self.ends(history):
+                return self.reward(history)
+            return sum(uniform(history + (a,)) for a in range(self.num_options)) / self.num_options
+
+        return [uniform((a,)) for a in range(self.num_options)]
 
     @property
     def deceptive(self) -> bool:
@@ -172,6 +188,51 @@ def _climbing_task(task_id: str, rng: random.Random, turns: int, options: int) -
             rewards[actions] = round(rng.uniform(0.0, 0.5), 3)
     goal = "Reach the treasure room."
     return BanditTask(task_id, "climbing", goal, _scene_options(rng, turns, options), rewards)
+
+
+STOP_TEXT = "stop here and take this step's reward"
+
+
+def _stopping_task(task_id: str, rng: random.Random, turns: int, options: int, shape: int) -> BanditTask:
+    """shape 0: continuing to the end is optimal; 1: a later stop on the path; 2: the first stop."""
+    if options < 3:
+        raise ValueError("the stopping variant needs options >= 3 (a stop and two ways on)")
+    stops = tuple(rng.randrange(options) for _ in range(turns))
+    best = tuple(rng.choice([a for a in range(options) if a != stops[t]]) for t in range(turns))
+    later_stop = rng.randint(2, turns) if turns >= 2 and shape == 1 else None
+    if shape == 1 and later_stop is None:
+        shape = 0  # one turn: no later stop
+    rewards: dict[tuple[int, ...], float] = {}
+
+    def visit(history: tuple[int, ...]) -> None:
+        t = len(history)  # 0-based turn of the next choice
+        on_path = history == best[:t]
+        for a in range(options):
+            actions = history + (a,)
+            if a == stops[t]:
+                if on_path and t == 0:
+                    rewards[actions] = 1.0 if shape == 2 else round(rng.uniform(0.55, 0.75), 3)  # the decoy
+                elif on_path and later_stop == t + 1:
+                    rewards[actions] = 1.0
+                elif on_path:
+                    rewards[actions] = round(rng.uniform(0.2, 0.5), 3)
+                else:
+                    rewards[actions] = round(rng.uniform(0.0, 0.3), 3)
+            elif t + 1 == turns:
+                if actions == best:
+                    rewards[actions] = 1.0 if shape == 0 else round(rng.uniform(0.6, 0.9), 3)
+                elif actions[0] == best[0]:
+                    rewards[actions] = round(rng.uniform(0.0, 0.1), 3)  # the cliff around the path
+                else:
+                    rewards[actions] = round(rng.uniform(0.0, 0.4), 3)
+            else:
+                visit(actions)
+
+    visit(())
+    texts = tuple(tuple(STOP_TEXT if k == stops[t] else text for k, text in enumerate(row))
+                  for t, row in enumerate(_scene_options(rng, turns, options)))
+    goal = "Reach the treasure room, or stop on the way and keep what that step offers."
+    return BanditTask(task_id, "stopping", goal, texts, rewards, stops=stops)
 
 
 def _random_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
@@ -264,6 +325,8 @@ def make_tasks(
             task = _follow_task(task_id, rng, rng.randint(low, high), options)
         elif variant == "capital":
             task = _capital_task(task_id, rng, rng.randint(low, high))
+        elif variant == "stopping":
+            task = _stopping_task(task_id, rng, rng.randint(low, high), options, i % 3)
         else:
             kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
             make = _climbing_task if kind == "climbing" else _random_task
@@ -334,6 +397,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
         self.action_format = action_format
         self.tool_parser = tool_parser
+        self.variant = variant
         if variant == "capital":
             options = 2  # its two options are fixed
         if variant in ("easy", "follow", "capital"):
@@ -382,7 +446,8 @@ class TurnBanditEnv(gym.Env[str, str]):
             role="You are playing TurnBandit, a game of a few steps. At each step you choose one option. "
             "A single team reward between 0 and 1 is revealed only after the last step.",
             protocol="Each step lists options labelled A, B, ... Choose exactly one per step. "
-            "An answer that names no listed option wastes the step and lowers the reward.",
+            "An answer that names no listed option wastes the step and lowers the reward."
+            + (" One option of each step stops the game there, with that step's reward." if self.variant == "stopping" else ""),
             action_format=action_format,
         )
 
@@ -450,10 +515,11 @@ class TurnBanditEnv(gym.Env[str, str]):
             observation = f"Invalid action: {problem}. {self._answer_hint()} among {labels}.\n{self._step_text()}"
         else:
             self._choices.append(choice)
-            if len(self._choices) == self.task.num_turns:
+            if self.task.ends(self._choices):
                 terminated = True
                 reward = max(0.0, self.task.reward(self._choices) - self.invalid_penalty * self._invalid)
-                observation = f"You chose {LABELS[choice]}. The game is over. Team reward: {reward:.3f}."
+                stopped = " (stop)" if self.task.stops and choice == self.task.stops[len(self._choices) - 1] else ""
+                observation = f"You chose {LABELS[choice]}{stopped}. The game is over. Team reward: {reward:.3f}."
             else:
                 observation = f"You chose {LABELS[choice]}.\n{self._step_text()}"
         if not terminated and self._turns_taken >= self.max_turns:
@@ -486,7 +552,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         # One type per key in every step (vector envs batch info per key): "" means no error.
         assert self.task is not None
         optimal = self.task.optimal_value
-        complete = len(self._choices) == self.task.num_turns
+        complete = bool(self._choices) and self.task.ends(self._choices)
         success = complete and self._invalid == 0 and self.task.reward(self._choices) >= optimal
         return {
             "task_id": self.task.task_id,

@@ -4,7 +4,7 @@
 
 - `/v1/completions` with a token-id prompt samples from the tiny model (the project's HFBackend)
   and answers with vLLM's extensions: `token_ids` and `logprobs.token_logprobs` per choice.
-- `/v1/chat/completions` answers from a script when one is given (a JSON object: marker ->
+- `/v1/chat/completions` (also streamed, `stream: true`) answers from a script when one is given (a JSON object: marker ->
   list of replies `{"content": ..., "tool_calls": [[name, arguments], ...]}`; the reply for a
   conversation is the one under the marker its first user message contains, indexed by the
   number of assistant messages so far; markers may be grouped under a served model name, an
@@ -13,6 +13,7 @@
 - `POST /control {"fault": F, "count": N}` makes the next N model requests misbehave: "429",
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
   the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).
+- `GET /v1/models` answers (an empty list), as the server check before any episode asks.
 - `GET /log` lists the requests seen (route, policy version header, whether a key was sent).
 - `GET /launch`: its arguments and VLLM_* environment variables, when started in `vllm serve`'s
   place by `generation.serve` (it takes vLLM's arguments and ignores all but --port).
@@ -91,6 +92,12 @@ def _log(request: Request, route: str, data: dict[str, Any]) -> None:
 @app.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@app.get("/v1/models")
+async def models() -> dict[str, Any]:
+    # The route seeupo's server check asks before any episode; an empty list names no model to check.
+    return {"object": "list", "data": []}
 
 
 @app.post("/control")
@@ -205,9 +212,35 @@ async def chat(request: Request) -> Response:
                                   max_new_tokens=int(data.get("max_tokens", 16)), seed=data.get("seed"))
         (completion,) = await asyncio.to_thread(backend.generate, [list(prompt)], sampling)
         message = {"role": "assistant", "content": tokenizer.decode(completion.token_ids, skip_special_tokens=True)}
-    body = {"object": "chat.completion", "model": data.get("model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    # id, created and usage: what strict clients (NeMo Gym's vllm_model, verifiers) read too.
+    body = {"id": f"chatcmpl-{len(STATE['log'])}", "object": "chat.completion", "created": 0, "model": data.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    if data.get("stream"):
+        return _faulty_stream(fault, body) if fault else _stream(body)
     return await _faulty(fault, body) or JSONResponse(body)
+
+
+def _stream(body: dict[str, Any]) -> Response:
+    """The answer as OpenAI's server-sent chunks (verifiers asks for `stream: true`)."""
+    from fastapi.responses import StreamingResponse
+
+    message = body["choices"][0]["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+    base = {"id": body["id"], "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+              {**base, "choices": [], "usage": body["usage"]}]
+    text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return StreamingResponse(iter([text]), media_type="text/event-stream")
+
+
+def _faulty_stream(fault: str, body: dict[str, Any]) -> Response:
+    if fault in ("429", "500"):
+        return JSONResponse({"error": {"message": f"injected {fault}"}}, status_code=int(fault))
+    return _stream(body)
 
 
 @app.get("/launch")

@@ -93,8 +93,10 @@ def test_sysv_ipc_objects_do_not_survive_the_episode(server):
     assert run(server, plant, fresh=True).split() == ["True", "True", "True"]
     probe = """
         print(libc.shmget(0x5EE0, 0, 0), libc.msgget(0x5EE1, 0), libc.semget(0x5EE2, 0, 0))
-        for kind in ('shm', 'msg', 'sem'):
-            print(kind, len(P.read(P.open('/proc/sysvipc/' + kind, P.O_RDONLY), 1 << 20).splitlines()) - 1)
+        info = (C.c_int * 64)()  # how many objects this IPC namespace holds (/proc/sysvipc is covered)
+        print('shm', libc.shmctl(0, 14, info) >= 0 and info[0])  # SHM_INFO: shm_info.used_ids
+        print('msg', libc.msgctl(0, 12, info) >= 0 and info[0])  # MSG_INFO: msginfo.msgpool
+        print('sem', libc.semctl(0, 0, 19, info) >= 0 and info[7])  # SEM_INFO: seminfo.semusz
     """
     found = run(server, probe, task_id="minitodo_1", fresh=True).splitlines()
     assert found[0] == "-1 -1 -1", found  # ENOENT: the keys are gone
@@ -284,6 +286,45 @@ def test_a_fork_storm_never_outlasts_the_sweep(server):
     assert all(used < IDLE_CPU_S and left == 0 for _, _, used, left in outcomes), outcomes
 
 
+THREAD_STORM = """
+    T = typing.sys.modules['threading']
+    typing.sys.modules['limits'].kill_descendants = lambda: 0  # the episode's own clean-up
+    def storm():  # every thread (clone(CLONE_THREAD), through pthread_create) starts more, then spins
+        while True:
+            try:
+                T.Thread(target=storm, daemon=True).start()
+            except RuntimeError:
+                break
+        while True:
+            pass
+    if P.fork() == 0:
+        P.setsid()
+        storm()
+    T.Thread(target=storm, daemon=True).start()
+    libc.usleep(1000000)
+    status = P.read(P.open('/proc/self/status', P.O_RDONLY), 65536).decode()
+    print('threads', [l.split()[1] for l in status.splitlines() if l.startswith('Threads:')][0])
+"""
+
+
+def test_a_thread_storm_is_bounded_by_the_sandbox_and_does_not_outlive_the_step(server):
+    """Threads starting threads, in the episode's process and in a child in a session of its
+    own: they count against the sandbox's process limit, the child's die with the step, the
+    episode's own are stopped between steps (no CPU), and all end with the episode."""
+    output = run(server, THREAD_STORM, fresh=True)
+    assert output.startswith("threads"), output
+    assert int(output.split()[1]) <= server.limits.processes, output
+    assert episode_processes(server) == []
+    before = server_cpu_seconds(server)
+    time.sleep(3.0)
+    used = server_cpu_seconds(server) - before
+    assert used < IDLE_CPU_S, f"the server used {used:.2f} CPU-s in the 3 s between two steps"
+    assert server.execute("print('still here')", timeout=40).strip().endswith("still here")
+    server.close_episode(collect=False)
+    assert warm_parent(server).children() == []  # the episode's process and its threads are gone
+    assert run(server, "print('next')", fresh=True).strip() == "next"
+
+
 # ---------------------------------------------------------------------------- the kernel
 
 
@@ -460,6 +501,240 @@ def test_locks_model_code_takes_exclude_nothing_and_sqlite_still_reads_the_tasks
     """.replace("FLOCK", FLOCK), fresh=True)
     lines = output.strip().splitlines()
     assert lines[0] == "taken" and all(line.endswith("refused") for line in lines[1:]), output
+
+
+# Global kernel counters: a sandbox busy with memory, scratch files, CPU, processes and Unix
+# sockets, while another sandbox reads every file under /proc and /sys it can (a bounded
+# read each) before and during that activity.
+# AppWorld fakes `time` in cells (a frozen clock, a disabled sleep): the kernel's clock instead.
+CLOCK = """
+class Timespec(C.Structure):
+    _fields_ = [('s', C.c_long), ('ns', C.c_long)]
+def now(ts=Timespec()):
+    libc.clock_gettime(1, C.byref(ts))
+    return ts.s + ts.ns * 1e-9
+def sleep(seconds):
+    libc.usleep(max(0, int(seconds * 1e6)))
+def sleep_until(moment):
+    sleep(moment - now())
+"""
+# A's schedule and B's snapshots follow one clock (CLOCK_MONOTONIC is the machine's): slots of
+# SLOT_S seconds from a start the host gives, A idle in the even ones and busy in the odd ones.
+SLOT_S = 1.2
+PHASES = "IBIBIB"
+BUSY = CLOCK + textwrap.dedent("""
+    S = typing.sys.modules['socket']
+    chunk = b'x' * (1 << 20)
+    def work(until):  # memory, a scratch file written and truncated, sockets, a fork, CPU
+        while now() < until:
+            block = bytearray(16 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            del block
+            fd = P.open('/scratch/tmp/busy', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
+            for _ in range(16):
+                P.write(fd, chunk)
+            P.ftruncate(fd, 0)
+            P.close(fd)
+            a, b = S.socketpair()
+            for _ in range(16):
+                a.sendall(chunk[:65536]); b.recv(65536)
+            a.close(); b.close()
+            listener = S.socket(S.AF_UNIX, S.SOCK_STREAM)
+            listener.bind('/scratch/tmp/busy.sock'); listener.listen(); listener.close()
+            P.unlink('/scratch/tmp/busy.sock')
+            pid = P.fork()
+            if pid == 0:
+                P._exit(0)
+            P.waitpid(pid, 0)
+            spin = now() + 0.02
+            while now() < spin:
+                pass
+    start, slot = {start!r}, {slot!r}
+    for i, phase in enumerate({phases!r}):
+        if phase == 'B':
+            sleep_until(start + i * slot)
+            work(start + (i + 1) * slot)
+    print('busy')
+""")
+SNAPSHOT = CLOCK + """
+def snapshot(roots=('/proc', '/sys'), limit=4096, most=30000, depth=6):
+    # {path: hash of its first `limit` bytes} for every file readable under `roots`; links not followed
+    found, stack = {}, [(root, 0) for root in roots]
+    while stack and len(found) < most:
+        folder, level = stack.pop()
+        try:
+            names = P.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = folder.rstrip('/') + '/' + name
+            try:
+                kind = P.lstat(path).st_mode & 0o170000
+            except OSError:
+                continue
+            if kind == 0o040000 and level < depth:
+                stack.append((path, level + 1))
+            elif kind == 0o100000:
+                try:
+                    fd = P.open(path, P.O_RDONLY | P.O_NONBLOCK)
+                except OSError:
+                    continue
+                try:
+                    found[path] = hash(P.read(fd, limit))
+                except OSError:
+                    pass
+                finally:
+                    P.close(fd)
+    return found
+"""
+WATCH = textwrap.dedent("""
+    start, slot = {start!r}, {slot!r}
+    took, pairs = 0.0, []
+    for i in range({slots}):
+        sleep_until(start + i * slot + 0.1)
+        first = snapshot()
+        sleep_until(start + (i + 1) * slot - 0.1 - took)
+        begun = now()
+        second = snapshot()
+        took = max(took, now() - begun)
+        pairs.append(sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p)))
+    print(typing.sys.modules['json'].dumps({{'files': len(first), 'pairs': pairs}}))
+""")
+OWN_PROCESS = r"^/proc/\d+/"  # B's own sandbox's processes (a pid namespace of its own)
+SCHEDULER = r"/(sched|schedstat|stat|status)$"  # how B itself ran: the timing channel
+
+
+def test_no_file_under_proc_or_sys_changes_with_a_concurrent_sandboxs_activity(server, other_server):
+    """Sandbox A idle and busy in turns (memory, scratch files, CPU, forks, Unix sockets);
+    sandbox B reads every file it can under /proc and /sys at the start and end of each turn.
+    Outside B's own processes no file changes at all. Of B's own process files, none changes
+    in every busy turn and no idle one, except the scheduler's counters of B's own running
+    (the timing channel, measured by scripts/sandbox_channel_capacity.py).
+    The control: the host's unmasked /proc sees A's scratch file come and go."""
+    import re
+    import threading
+
+    for one in (server, other_server):
+        one.close_episode(collect=False)
+        one.open_episode("mininote_1", timeout_seconds=40, max_interactions=50)
+    start = time.monotonic() + 3.0
+    busy: list[str] = []
+    watched: list[str] = []
+    shmem: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: busy.append(server.execute(
+            PRELUDE + BUSY.format(start=start, slot=SLOT_S, phases=PHASES), timeout=60))),
+        threading.Thread(target=lambda: watched.append(other_server.execute(
+            PRELUDE + SNAPSHOT + WATCH.format(start=start, slot=SLOT_S, slots=len(PHASES)), timeout=60))),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(thread.is_alive() for thread in threads):
+            shmem.append(_meminfo_kb("Shmem"))  # the control: the host's /proc sees A's tmpfs pages
+            time.sleep(0.01)
+    finally:
+        for thread in threads:
+            thread.join()
+    assert busy and busy[0].strip() == "busy", busy
+    assert watched and watched[0].strip().startswith("{"), watched
+    assert max(shmem) - min(shmem) >= 8 * 1024, "the control saw no sign of A's scratch file on the host"
+    pairs = [set(paths) for paths in json.loads(watched[0].strip().splitlines()[-1])["pairs"]]
+    own, scheduler = re.compile(OWN_PROCESS), re.compile(SCHEDULER)
+    for phase, paths in zip(PHASES, pairs):
+        outside = sorted(path for path in paths if not own.match(path))
+        assert not outside, f"files outside B's own processes changed ({'A busy' if phase == 'B' else 'A idle'}): {outside[:40]}"
+    in_every_busy = set.intersection(*(paths for phase, paths in zip(PHASES, pairs) if phase == "B"))
+    in_an_idle = set.union(*(paths for phase, paths in zip(PHASES, pairs) if phase == "I"))
+    follows_a = sorted(path for path in in_every_busy - in_an_idle if not scheduler.search(path))
+    assert not follows_a, f"B's own process files changed with A's activity: {follows_a[:40]}"
+
+
+def _meminfo_kb(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/meminfo")
+
+
+def test_an_answer_cannot_cross_concurrent_sandboxes_through_shared_memory_counters(server, other_server):
+    """The attack that won: A writes and truncates a file in its tmpfs /scratch, one bit per
+    0.25 s slot; B polls /proc/meminfo's Shmem and sysinfo at the same time. B reads one
+    constant value and a refused sysinfo, whatever A sends."""
+    import threading
+
+    send = CLOCK + textwrap.dedent("""
+        start = now()
+        for i in range(16):
+            fd = P.open('/scratch/tmp/bit', P.O_WRONLY | P.O_CREAT | P.O_TRUNC, 0o600)
+            if {secret} >> i & 1:
+                for _ in range(48):
+                    P.write(fd, b'x' * (1 << 20))
+            P.close(fd)
+            while now() < start + 0.25 * (i + 1):
+                sleep(0.005)
+        P.unlink('/scratch/tmp/bit')
+        print('sent')
+    """)
+    receive = CLOCK + textwrap.dedent("""
+        info = (C.c_ulong * 16)()
+        seen, refused = set(), set()
+        end = now() + 5.0
+        while now() < end:
+            fd = P.open('/proc/meminfo', P.O_RDONLY)
+            seen.add(P.read(fd, 65536).decode())
+            P.close(fd)
+            refused.add(libc.sysinfo(info) == -1 and C.get_errno())
+            sleep(0.01)
+        print(len(seen), sorted(refused), [l for l in next(iter(seen)).splitlines() if l.startswith('Shmem')])
+    """)
+    run(server, "print('ready')", fresh=True)
+    run(other_server, "print('ready')", fresh=True)
+    sent: list[str] = []
+    sender = threading.Thread(target=lambda: sent.append(run(server, send.format(secret=0xB6A5))))
+    sender.start()
+    try:
+        seen = run(other_server, receive)
+    finally:
+        sender.join()
+    assert sent and sent[0].strip() == "sent", sent
+    assert seen.strip() == "1 [1] ['Shmem: 0 kB']", seen
+
+
+def test_model_code_still_reads_its_own_process_facts_and_constant_machine_facts(server):
+    """What psutil and AppWorld read under /proc works: boot time, this process's memory,
+    the CPU count; machine-wide files are constants or empty, /proc/sys is an empty folder, and
+    none of them can be written or unmounted."""
+    output = run(server, """
+        psutil = typing.sys.modules['importlib'].import_module('psutil')
+        utils = typing.sys.modules['importlib'].import_module('appworld.common.utils')
+        read = lambda path: P.read(P.open(path, P.O_RDONLY), 65536).decode()
+        facts = {
+            'boot': abs(psutil.boot_time() - BOOT) < 2,
+            'rss': psutil.Process(P.getpid()).memory_info().rss > 0,
+            'appworld_mb': utils.memory_usage_mb() > 0,
+            'cpus': P.cpu_count() == CPUS,
+            'total': psutil.virtual_memory().total,
+            'sys': P.listdir('/proc/sys'), 'pressure': P.listdir('/proc/pressure'),
+            'vmstat': read('/proc/vmstat'), 'locks': read('/proc/locks'),
+            'self': 'VmRSS' in read('/proc/self/status'),
+        }
+        for path in ('/proc/meminfo', '/proc/sys/kernel/ns_last_pid'):
+            try:
+                P.close(P.open(path, P.O_WRONLY))
+                facts['wrote ' + path] = True
+            except OSError:
+                pass
+        facts['umount'] = libc.umount2(b'/proc/meminfo', 2) == 0
+        print(typing.sys.modules['json'].dumps(facts))
+    """.replace("BOOT", str(psutil.boot_time())).replace("CPUS", str(os.cpu_count())), fresh=True)
+    assert output.strip().startswith("{"), output
+    facts = json.loads(output.strip().splitlines()[-1])
+    assert facts == {
+        "boot": True, "rss": True, "appworld_mb": True, "cpus": True, "total": 3072 * 2**20,
+        "sys": [], "pressure": [], "vmstat": "", "locks": "", "self": True, "umount": False,
+    }, output
 
 
 # ---------------------------------------------------------------------------- the grader

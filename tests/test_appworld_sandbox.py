@@ -292,6 +292,47 @@ def test_an_episodes_processes_together_stay_within_the_sandbox_memory_limit():
     assert not path.exists()
 
 
+SCRATCH_FILLER = POSIX + """
+written, why = 0, 'no error'
+fd = P.open('/scratch/tmp/filler-%d' % NAME, P.O_WRONLY | P.O_CREAT, 0o600)
+chunk = b'x' * (8 << 20)
+while written < MOST:
+    try:
+        P.write(fd, chunk)
+    except OSError as error:
+        why = error.strerror
+        break
+    written += 8
+print(written, why)
+"""
+
+
+def test_scratch_files_are_charged_to_the_sandboxs_memory_cgroup():
+    """/scratch is a tmpfs: its pages are charged to the memory cgroup of the process that
+    writes them, the sandbox's own. A scratch larger than the sandbox's memory limit still
+    holds no more than that limit, and the warm parent lives on."""
+    cgroup_or_skip()
+    limits = SandboxLimits(memory_mb=384, total_memory_mb=640, scratch_mb=2048, file_size_mb=2048)
+    env = AppWorldEnv(split="mini", limits=limits, timeout_seconds=60)
+    try:
+        env.reset(options={"task_id": "minitodo_2"})
+        group = env.server._cells.cgroup
+        before = group.usage_bytes()
+        observation, _, terminated, _, _ = env.step(render_action(
+            SCRATCH_FILLER.replace("NAME", "1").replace("MOST", "160")))
+        assert observation.split()[:2] == ["160", "no"] and not terminated, observation
+        grown = group.usage_bytes() - before
+        assert grown >= 150 * 2**20, f"160 MiB in /scratch grew the sandbox's cgroup by {grown / 2**20:.0f} MiB"
+        observation, _, _, _, _ = env.step(render_action(SCRATCH_FILLER.replace("NAME", "2").replace("MOST", "2048")))
+        assert group.peak_bytes() <= 640 * 2**20, group.peak_bytes()
+        assert "2048 no error" not in observation, observation  # refused, or the episode was killed
+        env.reset(options={"task_id": "minitodo_2"})
+        observation, _, _, _, _ = env.step(render_action("print(6 * 7)"))
+        assert "42" in observation, observation
+    finally:
+        env.close()
+
+
 def test_processes_a_cell_starts_end_with_it_even_if_the_cell_disables_the_episodes_clean_up(server):
     output = probe(server, """
         import typing

@@ -61,3 +61,26 @@ def test_output_comes_back_as_a_tool_message_and_bad_calls_are_error_observation
         assert message in info["action_error"], (action[:80], info["action_error"])
         assert observation.startswith("Error:") and not (terminated or truncated)
         assert info["messages"][-1] == {"role": "user", "content": observation}
+
+
+def test_lone_surrogates_in_tool_names_and_arguments_come_back_as_valid_unicode(env):
+    """JSON escapes in a tool call ("\\ud800") decode to lone surrogates; the observation,
+    the error and the history repeat the model's names and values, always as valid Unicode."""
+    import json
+
+    env.reset(options={"task_id": MINI_TASKS[0]})
+    actions = [
+        render_tool_calls([("\ud800", {"code": "print(1)"})]),  # `\ud800` is not an available tool
+        render_tool_calls([(TOOL_NAME, {"code": "print(1)", "\udfff": 1})]),  # an unknown argument
+        render_tool_calls([(TOOL_NAME, {"code": 5, "x\udc80": "\ud800"})]),
+        render_tool_calls([(TOOL_NAME, {"code": "print('\\ud800' + chr(0xDFFF))"})]),  # printed by the cell
+    ]
+    observations = []
+    for action in actions:
+        observation, _, terminated, truncated, info = env.step(action)
+        observation.encode("utf-8")
+        json.dumps(info, ensure_ascii=False).encode("utf-8")
+        assert not (terminated or truncated), observation
+        observations.append(observation)
+    assert "`\\ud800` is not an available tool" in observations[0], observations[0]
+    assert "\\udfff" in observations[1] and "\\udc80" in observations[2], observations

@@ -34,6 +34,7 @@ from test_openai_backend import _start
 
 from seeupo_gym.bfcl.calls import Call
 from seeupo_gym.bfcl.data import category_of, get_entry
+from seeupo_gym.bfcl.export import BFCL_MODEL
 from seeupo_gym.training.cli import eval_main
 
 FIXTURE = Path(__file__).with_name("data") / "bfcl_embedded_responses.jsonl"
@@ -118,7 +119,7 @@ def test_our_scores_equal_bfcl_evals_own_on_the_exported_result_files(tmp_path):
     # (long_context_1's) change nothing and pass too; the other two fail.
     passing = truth | {"multi_turn_miss_param_1", "multi_turn_long_context_1"}
     assert rewards == {task_id: float(task_id in passing) for task_id in entries}
-    assert len(list((tmp_path / "bfcl" / "rollout-0").glob("*_result.json"))) == 4  # one file per category
+    assert len(list((tmp_path / "bfcl" / "rollout-0" / BFCL_MODEL / "multi_turn").glob("*_result.json"))) == 4  # bfcl-eval's layout
     official = _verdicts_agree(tmp_path / "bfcl", rollouts)
     assert sorted(task_id for task_id, (valid, _, _) in official.items() if valid) == sorted(passing)
 

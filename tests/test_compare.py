@@ -125,8 +125,9 @@ def test_report_numbers_are_means_over_seeds_and_the_best_is_bold(tmp_path):
     assert "**0.600 ± 0.141**" in seeupo_line and "**0.700**" in seeupo_line
     assert "**0.900 ± 0.141**" in grpo_line and "**2.0**" in grpo_line
     assert "**" not in seeupo_line.split("|")[6] and "**" not in grpo_line.split("|")[5]
-    # Equal values (both start at eval 0.1) are not marked.
+    # Equal values (both start at eval 0.1) are not marked, nor is any starting point "best".
     assert "**0.100**" not in report
+    assert all("**" not in line.split("|")[column] for line in (seeupo_line, grpo_line) for column in (2, 4))
     assert (folder / "curves.png").read_bytes()[:8] == PNG_MAGIC
     assert "total wall time **2.0 min**" in report
 
@@ -176,7 +177,7 @@ def test_a_run_failing_after_its_first_step_keeps_a_checkpoint_of_it(tmp_path):
     code = main(["--config", str(write_config(tmp_path)), "--plugin", str(plugin), "--algorithms", "late_boom",
                  "--eval-tasks", "1", "-k", "1", "--no-eval-at-start", "--out", str(out), "--no-progress",
                  "train.steps=3"])
-    assert code == 0
+    assert code == 1  # its only run failed, so the comparison as a whole did
     summary = json.loads((out / "summary.json").read_text())
     assert "boom in the second update" in summary["failures"]["late_boom/seed-0"]
     # The trainer's loop ran the steps, so its checkpoint-on-failure kept step 1.

@@ -93,8 +93,13 @@ def tabular_batch() -> RolloutBatch:
     ])
 
 
-def reference_seeupo(index: dict) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
-    """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool)."""
+def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
+    """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool).
+
+    Episodes of different lengths (r2: 2 turns, r5: 1): pool t holds the trajectories that reached
+    turn t, and its loss is their mean. placeholders=True is the paper's alternative: every
+    trajectory is in every pool, one that ended before t as a no-op (no gradient, s = 1), so the
+    loss is divided by all N trajectories instead (the control: another update)."""
     rewards = {rid: r for rid, (_, _, r) in PLAYS.items()}
     groups = {rid: k for rid, (k, _, _) in PLAYS.items()}
     grae = {}
@@ -112,7 +117,7 @@ def reference_seeupo(index: dict) -> tuple[torch.Tensor, list[dict[str, float]],
 
     start = logits.clone()
     weights, ratios = [], []
-    for t in (3, 2, 1):
+    for position, t in enumerate(order):
         pool = [rid for rid, (_, plays, _) in PLAYS.items() if len(plays) >= t]
         weights.append({rid: m[rid] for rid in pool})
         table = logits.clone().requires_grad_(True)
@@ -120,9 +125,11 @@ def reference_seeupo(index: dict) -> tuple[torch.Tensor, list[dict[str, float]],
         for rid in pool:
             s = torch.exp(logp(table, rid, t) - logp(start, rid, t))
             objective = objective + torch.minimum(s * m[rid], torch.clamp(s, 1 - CLIP, 1 + CLIP) * m[rid])
-        (-objective / len(pool)).backward()
+        (-objective / (len(PLAYS) if placeholders else len(pool))).backward()
         logits = logits - LR * table.grad
-        later = pool if t > 1 else []  # every trajectory with turn t has turn t - 1
+        # s(y_{i,t}) is read by M_i only if trajectory i has a turn in a later pool (an episode that
+        # ended is in none: its M keeps the s = 1 of a placeholder).
+        later = [rid for rid in pool if any(len(PLAYS[rid][1]) >= u for u in order[position + 1 :])]
         after = {rid: float(torch.exp(logp(logits, rid, t) - logp(start, rid, t))) for rid in later}
         ratios.append(after)
         for rid, s in after.items():
@@ -194,3 +201,24 @@ def test_on_phase_runs_with_the_parameters_right_after_its_pool():
     logits, _, _ = reference_seeupo(policy.index)
     torch.testing.assert_close(snapshots[1], logits, atol=1e-5, rtol=1e-5)
     assert not torch.equal(snapshots[3], snapshots[2])
+
+
+@pytest.mark.parametrize("order", ["reverse", "natural"])
+def test_episodes_that_end_early_are_absent_from_later_pools_as_algorithm_1_with_early_ends(order):
+    """Trajectories of 3, 2 and 1 turns: pool t is the trajectories that reached turn t, its loss
+    their mean, and an ended trajectory's M never moves again. The paper's placeholders (all N in
+    every pool, the ended ones as no-ops) would divide pool t's loss by N: a different update."""
+    turns = (3, 2, 1) if order == "reverse" else (1, 2, 3)
+    policy = TabularPolicy(TASKS, lr=LR)
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP, "order": order})
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    logits, weights, ratios = reference_seeupo(policy.index, order=turns)
+    assert [p.turn for p in algorithm.schedule] == list(turns)
+    for phase, expected_m, expected_s in zip(algorithm.schedule, weights, ratios):
+        assert set(phase.rollout_ids) == set(expected_m)  # absent, not placeholders
+        assert phase.weights == pytest.approx(expected_m, rel=1e-5)
+        assert phase.ratios_after == pytest.approx(expected_s, rel=1e-5)
+    assert sorted(len(m) for m in weights) == [4, 5, 6]  # the pools really shrink
+    torch.testing.assert_close(policy.logits.detach(), logits, atol=1e-5, rtol=1e-5)
+    with_placeholders, _, _ = reference_seeupo(policy.index, order=turns, placeholders=True)
+    assert (with_placeholders - logits).abs().max() > 1e-2

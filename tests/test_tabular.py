@@ -162,6 +162,68 @@ def test_reverse_seeupo_reaches_the_optimum_on_every_deceptive_instance_for_ever
     assert misses == []
 
 
+# --- episodes whose length the policy chooses (TurnBandit `stopping`) ------------------------------
+
+
+def test_exact_return_of_a_stopping_task_is_the_return_of_the_policy_played_through_the_env():
+    """An independent exact return: the probability of every path the env plays (reset, step until it
+    ends, the stop included) times the reward the env pays, summed."""
+    from seeupo_gym.turnbandit import LABELS, TurnBanditEnv
+
+    env = TurnBanditEnv(variant="stopping", num_tasks=6, seed=0)
+    policy = TabularPolicy(env.tasks)
+    with torch.no_grad():
+        policy.logits.normal_(generator=torch.Generator().manual_seed(0))
+    table = policy.log_probs_table().exp()
+    for k, task in enumerate(env.tasks):
+        total, lengths = 0.0, set()
+
+        def play(prefix, p):
+            nonlocal total
+            for a in range(task.num_options):
+                env.reset(options={"task_id": task.task_id})
+                for earlier in (*prefix, a):
+                    _, reward, terminated, _, _ = env.step(LABELS[earlier])
+                q = p * float(table[policy.index[tuple(context_ids(k, prefix))], a])
+                if terminated:
+                    total += q * reward
+                    lengths.add(len(prefix) + 1)
+                else:
+                    play((*prefix, a), q)
+
+        play((), 1.0)
+        assert policy.exact_return(k) == pytest.approx(total, abs=1e-12)
+        assert sum(policy.joint_action_probabilities(k).values()) == pytest.approx(1.0)
+        assert len(lengths) > 1  # episodes of several lengths
+        v, q = policy.exact_values(k)
+        assert v[()] == pytest.approx(total, abs=1e-12)
+        assert q[(task.stops[0],)] == task.reward((task.stops[0],))
+
+
+def test_sampled_and_expected_batches_of_stopping_tasks_end_at_the_stop():
+    tasks = make_tasks("stopping", 6, seed=0)
+    policy = TabularPolicy(tasks)
+    for batch in (sample_batch(policy, 64, torch.Generator().manual_seed(0)), expected_batch(policy, 64)):
+        lengths = [t.num_turns for t in batch]
+        assert min(lengths) == 1 and max(lengths) == max(t.num_turns for t in tasks)
+        for trajectory in batch:
+            k = int(trajectory.turns[0].context_ids[0])
+            actions = tuple(turn.response_ids[0] for turn in trajectory.turns)
+            assert tasks[k].ends(actions) and not any(tasks[k].ends(actions[:n]) for n in range(1, len(actions)))
+            assert trajectory.reward == tasks[k].reward(actions)
+
+
+def test_reverse_seeupo_reaches_the_optimum_of_every_stopping_instance_on_expected_batches():
+    """Stopping first is a sure mid-size decoy; the optimum goes on to the end, stops later, or is
+    the first stop (task index mod 3). Exact (expected) batches: within 1% of J* on every task."""
+    tasks = make_tasks("stopping", 9, seed=0, turns=(2, 4))
+    assert {len(t.optimal()[1]) < t.num_turns for t in tasks} == {True, False}
+    assert any(t.deceptive for t in tasks)
+    policy = run_seeupo(tasks, lambda p, g: expected_batch(p, 100), iterations=50)
+    ratios = [policy.exact_return(k) / t.optimal_value for k, t in enumerate(tasks)]
+    assert min(ratios) >= 0.99, ratios
+
+
 def test_the_study_script_writes_its_table_and_curves(tmp_path, monkeypatch):
     import runpy
     import sys

@@ -320,3 +320,97 @@ def test_brief_prompt_is_one_sentence_and_the_game_is_unchanged():
     for env in (full, brief):
         env.step("A")
     assert brief.step(act("B"))[1] == full.step("B")[1]
+
+
+# ------------------------------------------------------------------------------------------
+# stopping: the policy chooses the episode's length
+# ------------------------------------------------------------------------------------------
+
+STOPPING_ENVS = [
+    TurnBanditEnv(variant="stopping", num_tasks=12, seed=0),
+    TurnBanditEnv(variant="stopping", num_tasks=6, seed=1, options=4),
+    TurnBanditEnv(variant="stopping", num_tasks=6, seed=2, turns=(1, 2)),
+]
+
+
+def best_over_deterministic_policies(env: TurnBanditEnv, task_id: str) -> tuple[float, tuple[str, ...]]:
+    """The best return of any deterministic policy, played through `env.step`: the env and each
+    task are deterministic, so a deterministic policy plays one action sequence, and the best over
+    all of them is the best over every action sequence until the env says the episode ended."""
+    labels = "ABCDEFGH"[: env.tasks[env.task_index[task_id]].num_options]
+    best: tuple[float, tuple[str, ...]] = (-1.0, ())
+
+    def play(prefix: tuple[str, ...]) -> None:
+        nonlocal best
+        for label in labels:
+            env.reset(options={"task_id": task_id})
+            for earlier in prefix:
+                env.step(act(earlier))
+            _, reward, terminated, truncated, _ = env.step(act(label))
+            assert not truncated
+            if terminated:
+                best = max(best, (reward, prefix + (label,)), key=lambda x: x[0])
+            else:
+                assert reward == 0.0
+                play(prefix + (label,))
+
+    play(())
+    return best
+
+
+@pytest.mark.parametrize("env", STOPPING_ENVS, ids=["K3", "K4", "T1-2"])
+def test_stopping_backward_induction_equals_the_best_deterministic_policy_through_step(env):
+    for task in env.tasks:
+        brute, answers = best_over_deterministic_policies(env, task.task_id)
+        value, actions = task.optimal()
+        assert value == pytest.approx(brute, abs=1e-12), task.task_id
+        assert task.ends(actions) and task.reward(actions) == value
+        env.reset(options={"task_id": task.task_id})
+        for label in task.optimal_answers():  # the optimum is playable and is a success
+            _, reward, terminated, _, info = env.step(act(label))
+        assert terminated and info["success"] and reward == pytest.approx(value)
+
+
+def test_stopping_tasks_end_at_a_stop_some_optima_go_on_and_the_first_stop_is_a_decoy():
+    tasks = make_tasks("stopping", 30, seed=0)
+    assert {t.kind for t in tasks} == {"stopping"} and all(len(t.stops) == t.num_turns for t in tasks)
+    for t in tasks:
+        for turn, stop in enumerate(t.stops):  # a stop at any turn ends the episode there
+            going = tuple(min(set(range(t.num_options)) - {t.stops[u]}) for u in range(turn))
+            assert not going or not t.ends(going)
+            assert t.ends(going + (stop,)) and (going + (stop,)) in t.rewards
+    firsts = [t.optimal()[1] for t in tasks]
+    goes_on = [t for t, a in zip(tasks, firsts) if a[0] != t.stops[0]]
+    assert goes_on and len(goes_on) < len(tasks)  # some optima do not stop first, some do
+    assert any(len(a) < t.num_turns and a[0] != t.stops[0] for t, a in zip(tasks, firsts))  # a later stop
+    assert any(len(a) == t.num_turns and a[-1] != t.stops[-1] for t, a in zip(tasks, firsts))  # to the end
+    for t in goes_on:  # the first stop is a sure mid-size reward, below J*
+        assert 0.5 <= t.reward((t.stops[0],)) < t.optimal_value
+    # Under a uniform continuation stopping first looks best on most of the tasks that go on.
+    assert sum(t.deceptive for t in goes_on) >= len(goes_on) // 2
+
+
+def test_stopping_needs_three_options():
+    with pytest.raises(ValueError, match="options >= 3"):
+        make_tasks("stopping", 2, options=2)
+
+
+def test_stopping_says_stop_in_the_prompt_and_the_observation():
+    env = TurnBanditEnv(variant="stopping", num_tasks=3)
+    task = env.tasks[0]
+    observation, _ = env.reset(options={"task_id": task.task_id})
+    assert "stops the game" in observation and "stop here" in observation
+    text, reward, terminated, _, info = env.step(act("ABCDEFGH"[task.stops[0]]))
+    assert terminated and "(stop)" in text and reward == task.reward((task.stops[0],))
+    assert info["choices"] == "ABCDEFGH"[task.stops[0]] and not info["success"] or reward >= task.optimal_value
+
+
+@pytest.mark.parametrize("bad", ["", "stop", "Z", "A B", "<think>stop", "\x00C", "C" * 9000, None])
+def test_stopping_hostile_answers_are_invalid_turns_never_a_stop_or_a_crash(bad):
+    env = TurnBanditEnv(variant="stopping", num_tasks=2, invalid_penalty=0.1)
+    task = env.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    _, reward, terminated, truncated, info = env.step(bad)
+    assert (reward, terminated, truncated) == (0.0, False, False) and info["invalid_action"]
+    _, reward, terminated, _, _ = env.step(act("ABCDEFGH"[task.stops[0]]))  # the same decision, asked again
+    assert terminated and reward == pytest.approx(max(0.0, task.reward((task.stops[0],)) - 0.1))

@@ -56,7 +56,10 @@ def verl_kl_penalty(logprob, ref_logprob, kind):
     return backward - backward.detach() + forward.detach()
 
 
-def verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None):
+def verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None, global_batch_size=None):
+    """verl 0.9.1's `agg_loss` (dp_size 1). global_batch_size: what verl v1's trainer passes
+    (`trainer_base._update_actor`: `ppo_mini_batch_size * rollout.n`, the mini-batch's row count,
+    through `losses.ppo_loss`'s `global_batch_info`); None is `agg_loss` called alone."""
     loss_mask = loss_mask.to(loss_mat.dtype)
     if mode == "token-mean":
         return (loss_mat * loss_mask).sum() / loss_mask.sum()
@@ -65,7 +68,9 @@ def verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None):
     if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         seq_losses = (loss_mat * loss_mask).sum(-1)
         seq_mask = (loss_mask.sum(-1) > 0).to(loss_mat.dtype)
-        loss = (seq_losses * seq_mask).sum() / seq_mask.sum()
+        if global_batch_size is None:
+            global_batch_size = seq_mask.sum()
+        loss = (seq_losses * seq_mask).sum() / global_batch_size
         if mode == "seq-mean-token-sum-norm":
             loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
         return loss
@@ -73,11 +78,20 @@ def verl_agg_loss(loss_mat, loss_mask, mode, loss_scale_factor=None):
     counts = loss_mask.sum(-1)
     seq_losses = (loss_mat * loss_mask).sum(-1) / (counts + 1e-8)
     seq_mask = (counts > 0).to(loss_mat.dtype)
-    return (seq_losses * seq_mask).sum() / seq_mask.sum()
+    if global_batch_size is None:
+        global_batch_size = seq_mask.sum()
+    return (seq_losses * seq_mask).sum() / global_batch_size
 
 
 # verl's compute_policy_loss_vanilla per token, as transcribed once for tests/test_verl_parity.py.
 verl_vanilla_pg_losses = verl_token_losses
+
+
+def verl_gspo_loss(old_log_prob, log_prob, advantages, mask, clip_low, clip_high, loss_agg_mode, version="0.9.1", **agg):
+    """`compute_policy_loss_gspo`'s pg_loss: verl 0.9.1 aggregates `pg_losses` with `loss_agg_mode`;
+    verl 0.9.0 (and 0.8) with "seq-mean-token-mean" whatever `loss_agg_mode` says."""
+    pg_losses = verl_gspo_pg_losses(old_log_prob, log_prob, advantages, mask, clip_low, clip_high) * agg.pop("weights", 1.0)
+    return verl_agg_loss(pg_losses, mask, loss_agg_mode if version == "0.9.1" else "seq-mean-token-mean", **agg)
 
 
 def verl_gspo_pg_losses(old_log_prob, log_prob, advantages, mask, clip_low, clip_high):
@@ -122,7 +136,7 @@ def verl_is_weights(log_ratio, mask, level, threshold, batch_normalize):
         w = raw.clamp(max=float(threshold))
     if batch_normalize:
         if level == "token":
-            mean = (w * m).sum() / m.sum()
+            mean = (w * m).sum() / (m.sum() + 1e-8)  # verl_F.masked_mean
         else:
             seq_w = (w * m).sum(-1) / (m.sum(-1) + 1e-8)
             seq_mask = (m.sum(-1) > 0).to(w.dtype)
@@ -460,7 +474,7 @@ def verl_rows(batch, keys, table):
     return rids, torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows]), mask
 
 
-def verl_step(batch, policy, options, loss_mode):
+def verl_step(batch, policy, options, loss_mode, version="0.9.1"):
     """The numbers verl would compute for every recorded minibatch: advantages from the (KL-
     penalized) scores, the rollout correction over the whole batch, then each minibatch's loss."""
     keys = [(s.rollout_id, s.t) for s in batch.samples()]
@@ -476,7 +490,7 @@ def verl_step(batch, policy, options, loss_mode):
     if options.get("use_kl_in_reward"):
         kld = verl_kl_penalty(old_rows, ref_rows, options.get("kl_penalty", "kl")) * mask
         scores = scores - beta * kld.sum(-1)  # token_level_scores - beta * kld, summed by GRPO
-        current_kl = float(((kld * mask).sum(-1) / mask.sum(-1)).mean())
+        current_kl = float(((kld * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean())  # masked_mean(axis=-1), then mean
     advantages = verl_grpo_advantages(scores, [batch[r].group_id for r in rids])
     weights, keep = torch.ones_like(old_rows), mask
     rc = options.get("rollout_correction")
@@ -492,19 +506,21 @@ def verl_step(batch, policy, options, loss_mode):
         width = new_rows.shape[1]
         o, r, w, km = old_rows[idx, :width], ref_rows[idx, :width], weights[idx, :width], keep[idx, :width]
         a = advantages[idx].unsqueeze(-1).expand_as(new_rows)
+        # verl v1's trainer: the seq-mean denominators are the mini-batch's row count.
+        agg = {"loss_scale_factor": options.get("loss_scale_factor"), "global_batch_size": len(idx)}
         if loss_mode == "gspo":
             agg_mode = options.get("loss_agg", "seq-mean-token-mean")
-            pg = verl_agg_loss(verl_gspo_pg_losses(o, new_rows, a, km, 0.2, 0.2) * w, km, agg_mode, options.get("loss_scale_factor"))
+            pg = verl_gspo_loss(o, new_rows, a, km, 0.2, 0.2, agg_mode, version, weights=w, **agg)
         else:
             agg_mode = options.get("loss_agg", "token-mean")
-            pg = verl_agg_loss(verl_vanilla_pg_losses(o, new_rows, a, 0.2, 0.2, 3.0) * w, km, agg_mode, options.get("loss_scale_factor"))
+            pg = verl_agg_loss(verl_vanilla_pg_losses(o, new_rows, a, 0.2, 0.2, 3.0) * w, km, agg_mode, **agg)
         loss = pg
         if options.get("entropy_coeff"):
             _, h_rows, _ = verl_rows(batch, mb_keys, policy.h)
-            loss = loss - options["entropy_coeff"] * verl_agg_loss(h_rows * math.exp(theta), km, agg_mode, options.get("loss_scale_factor"))
+            loss = loss - options["entropy_coeff"] * verl_agg_loss(h_rows * math.exp(theta), km, agg_mode, **agg)
         if options.get("kl_coef", 0.002) > 0:
             loss = loss + options.get("kl_coef", 0.002) * verl_agg_loss(
-                verl_kl_penalty(new_rows, r, options.get("kl_estimator", "k3")), km, agg_mode, options.get("loss_scale_factor"))
+                verl_kl_penalty(new_rows, r, options.get("kl_estimator", "k3")), km, agg_mode, **agg)
         # Rejection can empty a minibatch: verl's 0/0 is NaN there, the kit's loss 0 (no step).
         losses.append(float(loss) if km.any() else 0.0)
     return losses, (current_kl if options.get("use_kl_in_reward") else None), beta
@@ -802,3 +818,115 @@ def test_sequence_loss_under_each_loss_agg_has_verls_gspo_value_and_gradient(mod
     loss.backward()
     expected.backward()
     torch.testing.assert_close(ours_new.grad * mask, verl_new.grad * mask, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# GSPO's policy aggregation (verl 0.9.0 against 0.9.1), verl v1's seq-mean denominator, dtypes
+# ------------------------------------------------------------------------------------------
+
+GSPO_090_CASES = [
+    {"loss_agg": "token-mean", "policy_loss_agg": "seq-mean-token-mean", "kl_coef": 0.1},
+    {"loss_agg": "token-sum", "policy_loss_agg": "seq-mean-token-mean", "kl_coef": 0.05, "entropy_coeff": 0.01},
+    {"loss_agg": "seq-mean-token-sum", "policy_loss_agg": "seq-mean-token-mean", "kl_estimator": "k1+", "kl_coef": 0.05},
+]
+
+
+@pytest.mark.parametrize("options", GSPO_090_CASES, ids=lambda o: o["loss_agg"])
+def test_gspo_policy_per_sequence_and_kl_per_token_gives_verl_090s_loss(options):
+    """verl 0.9.0's `compute_policy_loss_gspo` hard-codes `loss_agg_mode="seq-mean-token-mean"` for
+    the policy term; its KL and entropy follow `loss_agg_mode`. `policy_loss_agg` expresses it."""
+    batch = off_policy_batch(2)
+    policy = ScalarPolicy(batch, seed=2, lr=0.1)
+    with_sampler(batch, policy, seed=3)
+    algo = make_algorithm("gspo", {"minibatch_size": 4, "epochs": 2, "sequence": "trajectory", **options})
+    algo.update(batch, policy, torch.Generator().manual_seed(0))
+    expected, _, _ = verl_step(batch, policy, options, "gspo", version="0.9.0")
+    other, _, _ = verl_step(batch, policy, options, "gspo", version="0.9.1")
+    assert len(policy.records) >= 4
+    assert [r[2] for r in policy.records] == pytest.approx(expected, abs=1e-6)
+    assert max(abs(a - b) for a, b in zip(expected, other)) > 1e-2  # the two versions differ here
+
+
+def test_gspo_config_refuses_an_unknown_policy_loss_agg():
+    with pytest.raises(ValueError, match="policy_loss_agg"):
+        make_algorithm("gspo", {"policy_loss_agg": "seq-mean"})
+
+
+REJECTING_WHOLE_SEQUENCES = {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.1}
+
+
+@pytest.mark.parametrize("algorithm,mode", [("grpo", "seq-mean-token-mean"), ("grpo", "seq-mean-token-sum"),
+                                            ("gspo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm")])
+def test_seq_mean_denominator_is_the_minibatchs_row_count_when_rejection_empties_a_sequence(algorithm, mode):
+    """verl v1 passes `global_batch_size` = the mini-batch's rows to `agg_loss`, so a sequence that
+    rejection empties still counts in the seq-mean denominator (agg_loss alone would drop it)."""
+    options = {"loss_agg": mode, "loss_scale_factor": 7.0, "rollout_correction": REJECTING_WHOLE_SEQUENCES}
+    batch = off_policy_batch(2)
+    policy = ScalarPolicy(batch, seed=2, lr=0.1)
+    with_sampler(batch, policy, seed=3, scale=0.6)
+    extra = {"sequence": "trajectory"} if algorithm == "gspo" else {}
+    algo = make_algorithm(algorithm, {"minibatch_size": 4, "epochs": 2, **extra, **options})
+    metrics = algo.update(batch, policy, torch.Generator().manual_seed(0))
+    assert 0.3 < metrics["rollout_corr/rollout_rs_masked_fraction"] < 0.95
+    expected, _, _ = verl_step(batch, policy, options, algorithm)
+    assert [r[2] for r in policy.records] == pytest.approx(expected, abs=1e-6)
+    # The control: agg_loss alone (rows that keep a token) gives other numbers on this batch.
+    alone = verl_step_with_agg_alone(batch, policy, options, algorithm)
+    assert max(abs(a - b) for a, b in zip(alone, expected)) > 1e-3
+
+
+def verl_step_with_agg_alone(batch, policy, options, algorithm):
+    global verl_agg_loss
+    saved = verl_agg_loss
+    verl_agg_loss = lambda *a, global_batch_size=None, **k: saved(*a, **k)  # noqa: E731
+    try:
+        return verl_step(batch, policy, options, algorithm)[0]
+    finally:
+        verl_agg_loss = saved
+
+
+class Float64Values:
+    """Stand-in learner (float64) that reports values too, for the table dtypes."""
+
+    def __init__(self, batch):
+        self.policy = ScalarPolicy(batch)
+
+    def logprobs(self, samples, *, grad=True):
+        return self.policy.logprobs(samples, grad=grad)
+
+    def ref_logprobs(self, samples):
+        return self.policy.ref_logprobs(samples)
+
+    def values(self, samples):
+        rows, _ = self.policy.rows(samples, None, self.policy.h)
+        return rows / 3.0 + 1e-9
+
+
+def test_a_float64_learners_tables_are_float64():
+    """Frozen logprobs, values, GAE and rollout weights in the learner's dtype: a float32 table
+    rounds a float64 learner's logprobs by ~1e-7 relative, far above float64 parity."""
+    batch = off_policy_batch(4)
+    learner = Float64Values(batch)
+    with_sampler(batch, learner.policy)
+    samples = batch.samples()
+    old = core.frozen_logprobs(learner, samples)
+    values = core.frozen_values(learner, samples)
+    assert {v.dtype for v in old.values()} == {F64} and {v.dtype for v in values.values()} == {F64}
+    for s in samples:  # bit for bit the learner's numbers
+        key = (s.rollout_id, s.t)
+        assert torch.equal(old[key], learner.policy.base[key])
+        assert torch.equal(values[key], learner.policy.h[key] / 3.0 + 1e-9)
+    advantages, returns = trajectory_gae(batch, values, 1.0, 0.95)
+    assert {a.dtype for a in advantages.values()} == {F64} and {r.dtype for r in returns.values()} == {F64}
+    correction = correct(samples, old, RolloutCorrection(rollout_is="sequence", rollout_is_threshold=5.0), "trajectory")
+    assert {w.dtype for w in correction.weights.values()} == {F64}
+    # Float64 parity of the weights against verl's formula, read off compute_rollout_correction_weights
+    # (sequence: exp(sum log ratio) truncated at the threshold), to 1e-12 relative.
+    keys = [(s.rollout_id, s.t) for s in samples]
+    sampled = {k: torch.tensor(batch[k[0]].turns[k[1] - 1].sample_logprobs, dtype=F64) for k in keys}
+    rids, old_rows, mask = verl_rows(batch, keys, old)
+    _, sampled_rows, _ = verl_rows(batch, keys, sampled)
+    expected = verl_is_weights(old_rows - sampled_rows, mask, "sequence", 5.0, False)
+    for i, rid in enumerate(rids):
+        ours = torch.cat([correction.weights[(rid, t)] for t in range(1, batch[rid].num_turns + 1)])
+        torch.testing.assert_close(ours, expected[i, : ours.numel()], rtol=1e-12, atol=0)

@@ -173,6 +173,14 @@ class OpenAIBackend(Backend):
             raise
         backend.server = server
         backend.weights_dir = options.get("weights_dir")
+        if server is None:  # the user's server: a dead or mistyped base_url fails here, in one line
+            from seeupo_gym.agents.backends.server_check import check_server
+
+            try:
+                check_server(backend)
+            except BaseException:
+                backend.close()
+                raise
         return backend
 
     server: Any = None  # the VLLMServer this backend started (generation.serve), stopped by close()

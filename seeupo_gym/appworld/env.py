@@ -47,7 +47,7 @@ from seeupo_gym.appworld.server import AppWorldServer, ServerDied, ServerError, 
 from seeupo_gym.options import task_id_option
 from seeupo_gym.spaces import UnicodeText
 from seeupo_gym.templates import ReActTemplate
-from seeupo_gym.text import bounded
+from seeupo_gym.text import bounded, valid_unicode, valid_unicode_tree
 from seeupo_gym.tools import (
     ParsedTools,
     assistant_message,
@@ -301,10 +301,13 @@ class AppWorldEnv(gym.Env[str, str]):
         if len(text) > self.max_action_chars:
             text = text[: self.max_action_chars] + f"\n... [response cut: {len(text)} characters in all]"
         as_tool = self.action_format == "tools" and code is not None
+        # Tool names, argument names and values come back in errors and history as the model
+        # wrote them: a JSON escape such as "\ud800" is a lone surrogate, escaped here.
         if as_tool:
-            self._messages.append(assistant_message(self.template.history_content(parsed.content), parsed.calls))
+            self._messages.append(valid_unicode_tree(
+                assistant_message(self.template.history_content(parsed.content), parsed.calls)))
         else:
-            self._messages.append({"role": "assistant", "content": self.template.history_content(text)})
+            self._messages.append({"role": "assistant", "content": valid_unicode(self.template.history_content(text))})
 
         reward, terminated, success = 0.0, False, False
         report: dict[str, Any] | ServerError | None = None
@@ -334,6 +337,7 @@ class AppWorldEnv(gym.Env[str, str]):
                 error = termination_reason
                 observation = f"Error: your code stopped the environment ({failure}). The episode is over."
                 terminated = True
+        observation = valid_unicode(observation)
         truncated = not terminated and self._turn >= self.max_turns
         if (terminated or truncated) and not termination_reason:
             reward, success, tests, termination_reason = self._evaluate(terminated, report)
@@ -444,9 +448,9 @@ class AppWorldEnv(gym.Env[str, str]):
             "tools": list(TOOLS) if self.action_format == "tools" else [],
             "tool_parser": self.tool_parser if self.action_format == "tools" else "",
             "success": success,
-            "action_error": action_error or "",
+            "action_error": valid_unicode(action_error or ""),
             "tests": tests if tests is not None else _no_tests(),
-            "termination_reason": termination_reason,
+            "termination_reason": valid_unicode(termination_reason),
             "server_pid": (self._server.pid or 0) if self._server is not None else 0,
         }
 

@@ -5,7 +5,9 @@ network, UTS, cgroup and mount namespaces: no network at all (the host talks to 
 inherited Unix socket), a read-only file system built from explicit binds (the interpreter,
 the AppWorld venv, the worker scripts, the data the caller chooses) plus a size-limited
 private tmpfs at /scratch and a read-only /dev of five devices (no pseudo-terminals, no
-/dev/shm), an environment holding only what is set here, no capabilities, no_new_privs, a
+/dev/shm), no /sys, a /proc whose machine-wide files model code never sees (each episode
+covers them in a mount namespace of its own: `worker/limits.py`, `mask_proc`), an
+environment holding only what is set here, no capabilities, no_new_privs, a
 seccomp filter (`seccomp.py`), a memory cgroup where the caller asks for one (`cgroup.py`), a
 new session, and death with its parent (`--die-with-parent`; the pid namespace takes every
 process in it down with its PID 1). Rlimits are set by the worker itself on each episode's

@@ -18,7 +18,8 @@ locks (`fcntl` F_SETLK/F_SETLKW and their OFD forms) and `flock` report success 
 lock, asking for one (F_GETLK, F_OFD_GETLK) is refused, and so are leases, directory
 notifications (`F_NOTIFY` reports other processes' reads) and the page-cache probes that need
 no clock (`mincore`, `cachestat`, `preadv2`/`pwritev2` with RWF_NOWAIT, fadvise DONTNEED to
-evict). seccomp cannot see paths, so the episode's own scratch files get no locks either;
+evict); so is `sysinfo` (the machine's memory, load and process counts, which every other
+sandbox moves). seccomp cannot see paths, so the episode's own scratch files get no locks either;
 AppWorld needs none (its DBs are in memory, read once from the task's files by one process).
 The grader runs no model code and keeps real locks (SQLite writes the DBs it builds). Built with libseccomp (as flatpak builds the filters it hands bubblewrap), exported
 as BPF, and loaded by bwrap (`--seccomp FD`) just before it starts the worker; no_new_privs
@@ -133,6 +134,9 @@ def filter_program(model_code: bool = True) -> bytes:
             for syscall in ("preadv2", "pwritev2"):
                 refuse(syscall, _act_errno(errno.EOPNOTSUPP), _ArgCmp(5, _CMP_MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
             refuse("fadvise64", _act_errno(errno.EPERM), _ArgCmp(3, _CMP_MASKED_EQ, _INT_MASK, POSIX_FADV_DONTNEED))
+            # The machine's memory, swap, load and process count: global counters another
+            # sandbox moves (its /proc twins are masked, `worker/limits.py` `mask_proc`).
+            refuse("sysinfo", _act_errno(errno.EPERM))
         read_end, write_end = os.pipe()
         try:
             # Small enough for the pipe's buffer (a few KiB against 64 KiB).

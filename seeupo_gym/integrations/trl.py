@@ -51,6 +51,18 @@ from seeupo_gym.tools import TURN_END_REPLY as _TURN_END  # a plain-text reply: 
 from seeupo_gym.tools import plain_reply, step_tool_result
 
 
+_TRAINER_NAMES = ("SeeUPOTrainer", "SeeUPOConfig")
+
+
+def __getattr__(name: str) -> Any:
+    """`SeeUPOTrainer` / `SeeUPOConfig` (trl_seeupo.py), imported on first use: this module stays light."""
+    if name in _TRAINER_NAMES:
+        from seeupo_gym.integrations import trl_seeupo
+
+        return getattr(trl_seeupo, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class _SeeupoEnvironment:
     """What every adapter shares: one Gymnasium env, stepped once per tool call."""
 

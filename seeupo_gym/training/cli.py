@@ -31,14 +31,25 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
+from seeupo_gym.training.interrupts import EXIT_INTERRUPTED, Interrupts
 from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
-from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, check_model_source
+from seeupo_gym.training.model_source import EVAL_MAX_NEW_TOKENS, ModelSource, ServerCheckError, check_model_source
 
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= 400 else text[:400] + " ..."
+
+
+def quiet_libraries() -> None:
+    """What a checkpoint spilled: accelerate's INFO lines, its note that the tied lm_head was left out
+    (expected: the embeddings hold it), and transformers' shard-writing bars."""
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    logging.getLogger("accelerate.utils.other").addFilter(lambda record: "Removed shared tensor" not in record.getMessage())
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,12 +65,13 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "folder of that run (in a folder without a run: a new run starting from it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides before, between or after the flags
 
 
 def train_main(argv: list[str] | None = None) -> int:
     args = parse_train_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
     overrides = list(args.overrides)
     if args.resume:
         overrides.append(f"resume_from={args.resume}")
@@ -83,16 +95,61 @@ def train_main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a model or file that does not load: the cause, not a traceback
         print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
         return 2
-    except ServeError as error:  # generation.serve: the server did not come up (its log's tail follows)
+    except (ServeError, ServerCheckError) as error:  # generation.serve did not come up; generation.base_url does not answer
         print(f"seeupo-train: {error}", file=sys.stderr)
         return 2
-    with trainer:
-        records = trainer.train()
+    except KeyboardInterrupt as error:  # Ctrl-C while the model loads
+        print(interrupted_line("seeupo-train", error, 0, None, ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    from seeupo_gym.training.collection import RolloutError
+
+    with Interrupts() as interrupts:
+        try:
+            try:
+                records = trainer.train()
+            finally:
+                with interrupts.ignored():  # a second Ctrl-C waits for the envs and servers to close
+                    trainer.close()
+        except KeyboardInterrupt as error:
+            if trainer.is_main:
+                print(interrupted_line("seeupo-train", error, trainer.state.step, trainer.last_checkpoint,
+                                       resume_command(sys.argv[1:] if argv is None else argv)), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except RolloutError as error:  # the env or the model server failed the step (its cause in one line)
+            print(f"seeupo-train: {_one_line(error)}", file=sys.stderr)
+            return 1
     last = [r for r in records if "rollout/reward_mean" in r]
     if trainer.is_main and last:
         print(f"done: step {trainer.state.step}, last reward {last[-1]['rollout/reward_mean']:.4f}, "
               f"run folder {trainer.output_dir}")
     return 0
+
+
+def resume_command(argv: Sequence[str], program: str = "seeupo-train") -> str:
+    """The command line that continues an interrupted run: the same one, with `--resume latest`."""
+    import shlex
+
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            skip = True
+            continue
+        if arg.startswith("--resume="):
+            continue
+        kept.append(arg)
+    return shlex.join([program, *kept, "--resume", "latest"])
+
+
+def interrupted_line(program: str, error: BaseException, step: int, checkpoint: Path | None, command: str) -> str:
+    """One line after Ctrl-C or SIGTERM: what is kept and the command that continues."""
+    signal_name = getattr(error, "signal_name", "SIGINT")
+    if step == 0 or checkpoint is None:
+        return f"{program}: stopped by {signal_name} before step 1 finished: nothing to keep; run the same command again"
+    return f"{program}: stopped by {signal_name}; step {step} is kept in {checkpoint}; continue with: {command}"
 
 
 
@@ -152,12 +209,13 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
     output.add_argument("--out", help="write the result as JSON to this file")
     output.add_argument("--rollouts", help="write one JSON line per rollout (task, reward, actions) to this file")
     output.add_argument("--export-bfcl", metavar="DIR",
-                        help="BFCL: also write the episodes as bfcl-eval result files (DIR/rollout-<r>/"
-                             "BFCL_v4_multi_turn_<category>_result.json), for bfcl-eval's own evaluation")
+                        help="BFCL: also write the episodes as bfcl-eval result files in its layout (DIR/rollout-<r>/"
+                             "gpt-4o-2024-11-20/multi_turn/BFCL_v4_multi_turn_<category>_result.json, a prompting "
+                             "model's folder), scored by `bfcl evaluate` (docs/training.md)")
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
     output.add_argument("--no-progress", action="store_true", help="no progress bar (it moves every turn)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. env.kwargs.variant=easy")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 PAPER_PRESETS = {"seeupo/BFCL-v4-v0": "paper-bfcl", "seeupo/BFCL-v4-base-v0": "paper-bfcl", "seeupo/AppWorld-v0": "paper-appworld"}
@@ -179,6 +237,14 @@ def _apply_protocol(args: argparse.Namespace) -> None:
     args.k, args.n = PAPER_K, PAPER_K
     if args.temperature is None:
         args.temperature = 0.0
+    given = args.env_kwargs if isinstance(args.env_kwargs, dict) else {}
+    if (args.base_url and args.mode == "chat" and "action_format" not in given
+            and (args.env_kwargs is None or isinstance(args.env_kwargs, dict))
+            and not any(o.startswith("env.kwargs.action_format=") for o in args.overrides)):
+        # A chat server answers with tool calls, which the ReAct format (the paper's prompt) would drop.
+        args.env_kwargs = {**given, "action_format": "tools"}
+        print("seeupo-eval: --protocol paper on a chat server: the env's tools format, the way a chat API calls "
+              "functions (the paper's prompt is the ReAct text format: --mode tokens keeps it)", file=sys.stderr)
 
 
 def paper_table(result: Any) -> str:
@@ -237,6 +303,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a model or checkpoint that does not load: the cause, not a traceback
         print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
         return 2
+    except ServerCheckError as error:  # --base-url: a dead or mistyped server, before any episode
+        print(f"seeupo-eval: {error}", file=sys.stderr)
+        return 2
     from seeupo_gym.training.model_source import evaluate_source
 
     try:
@@ -257,10 +326,12 @@ def eval_main(argv: list[str] | None = None) -> int:
             for record in result.rollouts:
                 f.write(json.dumps(record, default=str) + "\n")
     if args.export_bfcl:
-        from seeupo_gym.bfcl.export import write_results
+        from seeupo_gym.bfcl.export import bfcl_evaluate_command, write_results
 
         written = write_results(result.rollouts, args.export_bfcl, env_kwargs)
-        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}", file=sys.stderr)
+        print(f"seeupo-eval: bfcl-eval result files: {', '.join(map(str, written))}; bfcl-eval's own score of the "
+              f"first rollouts (make bfcl-eval-venv): {bfcl_evaluate_command(args.export_bfcl, bfcl='.venv-bfcl/bin/bfcl')}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
@@ -270,6 +341,10 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(result.table())
         if args.protocol == "paper":
             print(paper_table(result))
+    if result.all_failed_on_the_server:
+        print(f"seeupo-eval: every episode ({result.backend_errors}) ended with backend_error: the scores above measure "
+              f"no model; first: {result.backend_error_episodes[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

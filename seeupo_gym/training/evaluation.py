@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from seeupo_gym.agents.backends.base import Backend
+from seeupo_gym.agents.backends.progress import TurnProgress
 from seeupo_gym.training.metrics import Outcome, format_table, pass_at_k, summarize
 
 logger = logging.getLogger(__name__)
@@ -110,8 +110,17 @@ class EvalResult:
     model: str = ""
     checkpoint: str | None = None
     rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    # Episodes a remote model server ended (no usable reply after retries), scored as failures.
+    # Episodes a remote model server ended (no usable reply after retries), scored as failures:
+    # how many, and "<rollout id>: <error>" for each.
     backend_errors: int = 0
+    backend_error_episodes: list[str] = field(default_factory=list)
+    # Tool calls a chat server sent to an env in the ReAct format, which reads only the text.
+    dropped_tool_calls: int = 0
+
+    @property
+    def all_failed_on_the_server(self) -> bool:
+        """Every episode ended because the model server did not answer: the scores measure nothing."""
+        return bool(self.outcomes) and self.backend_errors == len(self.outcomes)
 
     @property
     def avg_at_k(self) -> float:
@@ -139,6 +148,8 @@ class EvalResult:
             "wall_seconds": self.wall_seconds,
             "generated_tokens": self.generated_tokens,
             "backend_errors": self.backend_errors,
+            "backend_error_episodes": self.backend_error_episodes,
+            "dropped_tool_calls": self.dropped_tool_calls,
         }
 
 
@@ -220,14 +231,16 @@ def evaluate_policy(
     rollouts: list[dict[str, Any]] = []
     tokens = 0
     started = time.perf_counter()
-    backend_errors = 0
+    backend_errors: list[str] = []
+    dropped = [0]
 
     def record(batch: Any) -> None:
-        nonlocal backend_errors
         for trajectory in batch:
             category = trajectory_category(trajectory)
             outcomes.append(Outcome(trajectory.task_id, float(trajectory.reward), bool(trajectory.success), category))
-            backend_errors += trajectory.info.get("end") == "backend_error"
+            dropped[0] += int(trajectory.info.get("dropped_tool_calls", 0))
+            if trajectory.info.get("end") == "backend_error":
+                backend_errors.append(f"{trajectory.rollout_id}: {trajectory.info.get('error', 'no reply')}")
             if keep_rollouts:
                 rollouts.append(
                     {
@@ -270,13 +283,13 @@ def evaluate_policy(
             for index, begin in enumerate(range(0, len(tasks), chunk)):
                 part = tasks[begin : begin + chunk]
                 record(collect_chat(backend, env_id, part, n, seed=derive_seed(seed, index), sampling=sampling,
-                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn))
-                bar.update(len(part) * n)
+                                    env_kwargs=env_kwargs, concurrency=num_envs, on_turn=on_turn,
+                                    on_episode=lambda trajectory: bar.update(1)))  # per episode, not per chunk
                 after_chunk(index, begin + len(part))
     else:
         with bar, VectorAgent(
             env_id,
-            _TurnProgress(backend, bar) if progress else backend,
+            TurnProgress(backend, bar) if progress else backend,
             tokenizer,
             num_envs=num_envs,
             sampling=sampling,
@@ -291,8 +304,12 @@ def evaluate_policy(
                 bar.update(max(0, len(part) * n * per_episode - agent.last_stats.generated_tokens))
                 after_chunk(index, begin + len(part))
     if backend_errors:
-        logger.warning("%d of %d episodes ended because the model server did not answer usably (counted as failures)",
-                       backend_errors, len(outcomes))
+        shown = "; ".join(backend_errors[:3]) + (f"; and {len(backend_errors) - 3} more" if len(backend_errors) > 3 else "")
+        logger.warning("%d of %d episodes ended with backend_error, the model server giving no usable reply "
+                       "(scored 0): %s", len(backend_errors), len(outcomes), shown)
+    if dropped[0]:
+        logger.warning("%d tool calls from the model server were dropped: the env's ReAct format reads the reply's "
+                       "text only; evaluate a chat server with env kwargs {\"action_format\": \"tools\"}", dropped[0])
     return EvalResult(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -306,55 +323,10 @@ def evaluate_policy(
         wall_seconds=time.perf_counter() - started,
         generated_tokens=tokens,
         rollouts=rollouts,
-        backend_errors=backend_errors,
+        backend_errors=len(backend_errors),
+        backend_error_episodes=backend_errors,
+        dropped_tool_calls=dropped[0],
     )
-
-
-class _TurnProgress(Backend):
-    """A backend that counts each response's tokens (one turn of an episode) on a bar.
-
-    Tasks finish only after up to max_turns turns, so a bar that moved per task alone could sit
-    still for minutes on a slow model.
-    """
-
-    def __init__(self, backend: Backend, bar: Any) -> None:
-        self._backend = backend
-        self._bar = bar
-        self.turns = 0
-        self.tokens = 0
-        self.default_stop_token_ids = backend.default_stop_token_ids
-
-    def generate(self, prompts: Any, sampling: Any) -> Any:
-        completions = self._backend.generate(prompts, sampling)
-        self._record(sum(len(c.token_ids) for c in completions), f"turn {self.turns + 1} ({len(prompts)} episodes)")
-        return completions
-
-    def update_weights(self, state_dict_or_model: Any) -> None:
-        self._backend.update_weights(state_dict_or_model)
-
-    def __getattr__(self, name: str) -> Any:
-        # The wrapped backend's `submit`: without it the per-episode schedule would fall back to one
-        # request at a time whenever a progress bar is shown.
-        if name == "submit" and callable(getattr(self._backend, "submit", None)):
-            return self._submit
-        raise AttributeError(name)
-
-    def _submit(self, prompt: Any, sampling: Any) -> Any:
-        future = self._backend.submit(prompt, sampling)
-        future.add_done_callback(self._count)
-        return future
-
-    def _count(self, future: Any) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        self._record(len(future.result().token_ids), f"{self.turns + 1} responses")
-
-    def _record(self, generated: int, what: str) -> None:
-        self.turns += 1
-        self.tokens += generated
-        self._bar.update(generated)
-        # Shown at once: a response is the bar's unit of news (the update alone may wait for mininterval).
-        self._bar.set_postfix_str(f"{what}, {self.tokens} tokens generated")
 
 
 def eval_record(result: EvalResult, step: int) -> dict[str, float]:

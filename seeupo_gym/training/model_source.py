@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
+from seeupo_gym.agents.backends.server_check import ServerCheckError, check_server, public_url
 from seeupo_gym.training.config import Config, ConfigError
+
+__all__ = ["ModelSource", "OpenModel", "ServerCheckError", "check_model_source", "check_training_server", "evaluate_source", "public_url"]
 
 # seeupo-eval's response budget when no config says otherwise: a random or untrained model
 # rarely stops by itself, and the training default (1024 per turn, 10 turns) keeps a CPU busy
@@ -64,17 +67,6 @@ def check_model_source(name: str) -> None:
                 f"({type(error).__name__}); {_MODEL_HINT}"
             ) from None
         os.environ["HF_HUB_OFFLINE"] = "1"  # load from the cache without a round of retries
-
-
-def public_url(url: str) -> str:
-    """A server URL fit to print and write: scheme, host, port and path; no user:password, query or
-    fragment, where credentials sometimes travel."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 @dataclass
@@ -133,7 +125,13 @@ class ModelSource:
     def open(self, config: Config) -> "OpenModel":
         """The backend (and tokenizer) to evaluate with; `config` gives the local model's settings."""
         if self.served:
-            return OpenModel(self, *_server_backend(self), model=None)
+            backend, tokenizer = _server_backend(self)
+            try:
+                check_server(backend)  # a dead or mistyped URL: one line now, not a 0.000 score later
+            except BaseException:
+                backend.close()
+                raise
+            return OpenModel(self, backend, tokenizer, model=None)
         from seeupo_gym.agents.backends import HFBackend
         from seeupo_gym.training.checkpoint import load_policy
 
@@ -162,6 +160,22 @@ class OpenModel:
             close()
         self.backend = self.model = None
         gc.collect()
+
+
+def check_training_server(config: Config) -> None:
+    """`generation.backend: openai` with a `generation.base_url` of the user's: the server answers
+    (`check_server`), before a comparison starts its first run. A trainer checks its own at start."""
+    generation = config.generation
+    if generation.backend != "openai" or not generation.base_url or generation.serve:
+        return
+    from seeupo_gym.agents.backends.openai import OpenAIBackend
+
+    backend = OpenAIBackend(generation.base_url, generation.served_model or config.model.name_or_path,
+                            api_key_env=generation.api_key_env)
+    try:
+        check_server(backend)
+    finally:
+        backend.close()
 
 
 def _server_backend(source: ModelSource) -> tuple[Any, Any]:

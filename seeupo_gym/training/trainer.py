@@ -39,6 +39,7 @@ from seeupo_gym.training.config import (
     parse_dataclass,
     save_config,
 )
+from seeupo_gym.training.interrupts import Interrupts
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.rollouts import RolloutLog
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
@@ -170,6 +171,8 @@ class Trainer:
         if config.log.trackers:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
+        self.last_checkpoint: Path | None = None  # the newest checkpoint this trainer wrote
+        self._interrupts: Interrupts | None = None  # while train() runs
         self.backend = self._make_backend()
         self.agent: Any = None
         try:
@@ -276,26 +279,38 @@ class Trainer:
             disable=not (self.is_main and self.config.log.progress_bars),
         )
         saved_at = -1
+        interrupts = self._interrupts = Interrupts()
         try:
-            while self.state.step < cfg.steps:
-                record = self.train_step()
-                records.append(record)
-                bar.update(1)
-                bar.set_postfix(reward=f"{record.get('rollout/reward_mean', float('nan')):.3f}")
-                step = self.state.step
-                if cfg.eval_every and step % cfg.eval_every == 0:
-                    records.append(self.evaluate())
-                if (cfg.save_every and step % cfg.save_every == 0) or (save_at_end and step == cfg.steps):
-                    self.save_checkpoint()
-                    saved_at = step
-                if on_step is not None:
-                    on_step(self, record)
+            with interrupts:
+                while self.state.step < cfg.steps:
+                    record = self.train_step()
+                    records.append(record)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{record.get('rollout/reward_mean', float('nan')):.3f}")
+                    step = self.state.step
+                    if cfg.eval_every and step % cfg.eval_every == 0:
+                        records.append(self.evaluate())
+                    if (cfg.save_every and step % cfg.save_every == 0) or (save_at_end and step == cfg.steps):
+                        with interrupts.held():
+                            self.save_checkpoint()
+                            saved_at = step
+                    if on_step is not None:
+                        on_step(self, record)
         except Exception:
             # Keep the steps done so far: the run resumes from here once the cause is fixed.
             if self.state.step > 0 and saved_at != self.state.step:
                 self.save_checkpoint()
             raise
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM (`interrupts.py`): the step in progress is dropped, the last finished
+            # one kept, whatever train.save_every says; further signals wait for the checkpoint.
+            # With several processes the others may be inside a collective: no checkpoint then.
+            if self.state.step > 0 and saved_at != self.state.step and self.accelerator.num_processes == 1:
+                with Interrupts() as waiting, waiting.ignored():
+                    self.save_checkpoint()
+            raise
         finally:
+            self._interrupts = None
             bar.close()
         return records
 
@@ -317,6 +332,18 @@ class Trainer:
                 f"{error} (env {self.config.env.id}). The last checkpoint under {self.checkpoint_root} is intact; "
                 f"fix the env and resume with resume_from=latest."
             ) from error
+        failed = [t for t in collected.batch if t.info.get("end") == "backend_error"]
+        if failed and len(failed) == len(collected.batch):  # nothing to learn from: a dead server, not a bad policy
+            raise RolloutError(f"step {step}: every episode ({len(failed)}) ended with backend_error, the model server "
+                               f"giving no usable reply; first: {failed[0].info.get('error')}")
+        # From here the step changes the weights: a signal waits for the step to end (`interrupts.py`).
+        with self._interrupts.held() if self._interrupts is not None else contextlib.nullcontext():
+            return self._learn_step(step, collected, started)
+
+    def _learn_step(self, step: int, collected: Any, started: float) -> dict[str, float]:
+        """The update, weight sync and logging of a collected step."""
+        cfg = self.config.train
+        overlapped = cfg.max_staleness > 0
         batch, self.last_env_errors = collected.batch, collected.env_errors
         self.algorithm.schedule = []  # what this step's update does with each episode, for the rollout log
         collected_at = time.perf_counter()
@@ -473,10 +500,11 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """See `checkpoint.py`: resumable state plus a folder in Hugging Face form (peft adapters too)."""
-        return ckpt.save_checkpoint(
+        self.last_checkpoint = ckpt.save_checkpoint(
             self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step,
             run_id=self.state.run_id,
         )
+        return self.last_checkpoint
 
     def resume(self, path: Path) -> None:
         """Load a checkpoint folder (chosen and checked by `_open_run_folder`); the run keeps its own id."""

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from seeupo_gym.text import valid_unicode
+from seeupo_gym.text import counted, valid_unicode
 from seeupo_gym.training.rollouts import read_rollouts
 
 PAGE_FILE = "rollouts.html"
@@ -122,10 +122,10 @@ def _turn_html(turn: dict[str, Any]) -> str:
         '<div class="turn">',
         f'<div class="turn-head">Turn {_text(turn.get("t", "?"))} '
         f'<span class="meta num">{" · ".join(values)}</span></div>',
-        f'<details><summary class="label">context delta: {_text(turn.get("context_tokens", 0))} tokens in all, '
+        f'<details><summary class="label">context delta: {_text(counted(turn.get("context_tokens", 0), "token"))} in all, '
         f'{_text(turn.get("context_kept_tokens", 0))} kept from the previous turn</summary>'
         f'<pre class="context">{_text(turn.get("context_delta", ""))}</pre></details>',
-        f'<div class="label">response ({_text(turn.get("response_tokens", 0))} tokens, '
+        f'<div class="label">response ({_text(counted(turn.get("response_tokens", 0), "token"))}, '
         f'finish: {_text(turn.get("finish_reason", ""))})</div>',
         f'<pre class="response">{_text(turn.get("response", ""))}</pre>',
     ]
@@ -149,7 +149,7 @@ def _episode_html(record: dict[str, Any], open_: bool) -> str:
     reward = record.get("reward")
     reward_value = reward if isinstance(reward, (int, float)) and math.isfinite(reward) else 0.0
     step = record.get("step") if isinstance(record.get("step"), int) else 0
-    flags = [f"{_text(record.get('num_turns', len(record.get('turns') or [])))} turns", f"end {_text(record.get('end', ''))}"]
+    flags = [_text(counted(record.get('num_turns', len(record.get('turns') or [])), "turn")), f"end {_text(record.get('end', ''))}"]
     if record.get("success"):
         flags.append("success")
     if record.get("advantage") is not None:

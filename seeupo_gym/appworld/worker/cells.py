@@ -98,8 +98,10 @@ class Episode:
     no PID there (nothing can signal, prlimit, renice, pin, reschedule or trace them by
     number), and killing it kills everything in that namespace. The episode's process then
     makes an IPC namespace of its own (SysV shared memory, semaphores and message queues die
-    with it), drops the capabilities the user namespace gave it and loads the seccomp filter
-    (which refuses new namespaces from then on) before any model code runs. The supervisor
+    with it) and a mount namespace whose /proc holds process entries only, every machine-wide
+    counter covered (`limits.mask_proc`), drops the capabilities the user namespace gave it
+    and loads the seccomp filter (which refuses new namespaces and mounts from then on) before
+    any model code runs. The supervisor
     also sweeps that namespace between requests (`_sweep_namespace`), on this parent's word.
     """
 
@@ -227,7 +229,8 @@ def _run_episode(episode_fd: int, request: dict, sandboxed: bool, program: bytes
         if select.select([alive_fd], [], [], 0)[0]:
             return  # the supervisor died before the prctl
         if sandboxed:
-            limits.new_ipc_namespace()
+            limits.new_ipc_and_mount_namespace()
+            limits.mask_proc(int(request["limits"]["memory_mb"]))
         os.setsid()
         limits.volunteer_for_oom_kill()
         limits.apply(request["limits"])
@@ -238,7 +241,9 @@ def _run_episode(episode_fd: int, request: dict, sandboxed: bool, program: bytes
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # cells may write to raw fds; the host only reads replies
             os.dup2(null, fd)
-    except Exception:  # noqa: BLE001  no episode then: the host sees its socket close
+    except Exception as error:  # noqa: BLE001  no episode then: the host sees its socket close
+        print(f"the episode's process could not start: {type(error).__name__}: {error}",
+              file=sys.stderr, flush=True)  # the server's log, which its errors quote
         return
     import episode
 

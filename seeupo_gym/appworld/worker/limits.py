@@ -20,7 +20,8 @@ _PR_CAPBSET_DROP = 24
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-_CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID = 0x08000000, 0x10000000, 0x20000000
+_CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNS = 0x08000000, 0x10000000, 0x20000000, 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # name in the host's limits message -> (rlimit, multiplier to the rlimit's unit)
@@ -215,18 +216,84 @@ def new_user_and_pid_namespace() -> None:
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def new_ipc_namespace() -> None:
-    """SysV IPC objects and POSIX message queues of this process's own (gone when it is)."""
-    _check(_libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+def new_ipc_and_mount_namespace() -> None:
+    """SysV IPC objects and POSIX message queues of this process's own (gone when it is), and
+    mounts of its own (`mask_proc`): needs the capabilities of its user namespace."""
+    _check(_libc.unshare(_CLONE_NEWIPC | _CLONE_NEWNS), "unshare(CLONE_NEWIPC | CLONE_NEWNS)")
+    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
+
+
+# /proc files that are not about a process, given constant contents (what psutil, glibc and
+# AppWorld read there); every other one reads as empty. `{cpus}` lines: one per CPU.
+PROC_CONSTANTS = {
+    "stat": "cpu  0 0 0 0 0 0 0 0 0 0\n{cpus}intr 0\nctxt 0\nbtime {btime}\nprocesses 0\n"
+            "procs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n",
+    "meminfo": "MemTotal: {kb} kB\nMemFree: {kb} kB\nMemAvailable: {kb} kB\nBuffers: 0 kB\nCached: 0 kB\n"
+               "SwapCached: 0 kB\nActive: 0 kB\nInactive: 0 kB\nShmem: 0 kB\nSReclaimable: 0 kB\n"
+               "SwapTotal: 0 kB\nSwapFree: 0 kB\n",
+    "loadavg": "0.00 0.00 0.00 1/1 1\n",
+    "uptime": "0.00 0.00\n",
+}
+_PROC_KEEP = ("self", "thread-self")  # links into this process's own entries
+
+
+def mask_proc(memory_mb: int) -> list[str]:
+    """Cover every entry of /proc that is not a process's: global kernel counters (memory, CPU,
+    load, pressure, vmstat, locks, /proc/sys...) are a channel between concurrent sandboxes.
+    Folders get an empty folder; files a constant (`PROC_CONSTANTS`, the boot time read from the
+    real /proc/stat) or an empty file, all on one read-only tmpfs, itself covered. In this
+    process's own mount namespace (`new_ipc_and_mount_namespace`; the warm parent and the
+    supervisor keep the whole /proc), before the seccomp filter, which refuses mounts. (A fresh
+    proc mount with subset=pid is refused here: bwrap's covers over /proc/irq and /proc/bus make
+    the kernel deem it too revealing; a memfd cannot be bound, its mount is the kernel's.)
+    Returns the names covered."""
+    with open("/proc/stat", "rb") as stat_file:
+        real = stat_file.read().decode(errors="replace").splitlines()
+    btime = next((line.split()[1] for line in real if line.startswith("btime ")), "0")
+    cpus = sum(1 for line in real if line.startswith("cpu") and line[3:4].isdigit()) or 1
+    fields = {"btime": btime, "kb": memory_mb * 1024,
+              "cpus": "".join(f"cpu{n} 0 0 0 0 0 0 0 0 0 0\n" for n in range(cpus))}
+    folders, files = [], []
+    for name in sorted(os.listdir("/proc")):
+        if name.isdigit() or name in _PROC_KEEP:
+            continue
+        mode = os.lstat(f"/proc/{name}").st_mode
+        if stat.S_ISDIR(mode):
+            folders.append(name)
+        elif not stat.S_ISLNK(mode):  # links (net, mounts) lead into /proc/self
+            files.append(name)
+    if not folders:
+        raise OSError(errno.ENOENT, "/proc has no folder to hold the masks")
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    staging = f"/proc/{folders[0]}"
+    _check(_libc.mount(b"none", staging.encode(), b"tmpfs", flags, b"size=64k,nr_inodes=32,mode=755"), "mount(tmpfs)")
+    os.mkdir(f"{staging}/empty", 0o555)
+    for name in files:
+        content = PROC_CONSTANTS.get(name, "").format(**fields)
+        source = f"{staging}/{name}" if content else f"{staging}/empty-file"
+        if not os.path.exists(source):
+            with open(source, "w") as file:
+                file.write(content)
+            os.chmod(source, 0o444)
+    _check(_libc.mount(None, staging.encode(), None, _MS_REMOUNT | _MS_RDONLY | flags, None), "remount(tmpfs, ro)")
+    for name in files:
+        source = f"{staging}/{name}" if PROC_CONSTANTS.get(name) else f"{staging}/empty-file"
+        _check(_libc.mount(source.encode(), f"/proc/{name}".encode(), None, _MS_BIND, None), f"mount(bind on {name})")
+    for name in [*folders[1:], folders[0]]:  # the staging folder last: covered by its own empty folder
+        _check(_libc.mount(f"{staging}/empty".encode(), f"/proc/{name}".encode(), None, _MS_BIND, None),
+               f"mount(bind on {name})")
+    return folders + files
 
 
 def drop_capabilities() -> None:
     """Give up the capabilities a new user namespace grants inside it (bounding set, ambient,
-    effective, permitted, inheritable)."""
-    with open("/proc/sys/kernel/cap_last_cap") as file:
-        last = int(file.read())
-    for cap in range(last + 1):
-        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    effective, permitted, inheritable). Capabilities are numbered from 0 up; the first number
+    the kernel does not know ends the loop (no /proc/sys/kernel/cap_last_cap: masked)."""
+    for cap in range(64):
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == errno.EINVAL and cap > 0:
+                break
+            _check(-1, "prctl(PR_CAPBSET_DROP)")
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = (ctypes.c_uint32 * 6)()  # two of (effective, permitted, inheritable): all empty

@@ -33,8 +33,10 @@ from seeupo_gym.training.compare.plan import (
     parse_seeds,
     parse_sets,
 )
-from seeupo_gym.training.compare.report import write_report
+from seeupo_gym.training.compare.report import RUN_INFO, write_report
 from seeupo_gym.training.config import ConfigError, config_from_dict
+from seeupo_gym.training.interrupts import EXIT_INTERRUPTED, Interrupts
+from seeupo_gym.training.model_source import ServerCheckError, check_training_server
 
 # Without --model: algorithms trained from the shared config.
 DEFAULT_ALGORITHMS = "seeupo,grpo"
@@ -79,14 +81,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     group.add_argument("--no-eval-at-start", action="store_true", help="skip the evaluation before training")
     parser.add_argument("--save-checkpoints", action="store_true", help="save each run's final checkpoint")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--resume", action="store_true", help="continue the comparison in the run folder (the same "
+                        "command): finished runs are kept, an interrupted one goes on from its last finished step")
     parser.add_argument("--report-only", metavar="FOLDER", help="rebuild report.md / curves.png of an existing run folder")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the shared config")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides anywhere on the line
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from seeupo_gym.training.cli import quiet_libraries
+
+    quiet_libraries()
     try:
         if args.report_only:
             print(f"report: {write_report(args.report_only)}")
@@ -130,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             options=parse_sets(args.set),
             save_checkpoints=args.save_checkpoints,
         )
+        check_training_server(plan.runs[0].config)  # generation.backend: openai, before any run
     except ConfigError as error:
+        print(f"seeupo-compare: {error}", file=sys.stderr)
+        return 2
+    except ServerCheckError as error:  # a dead or mistyped server, before any run
         print(f"seeupo-compare: {error}", file=sys.stderr)
         return 2
     runs = ", ".join(f"{r.label}/seed-{r.seed}" for r in plan.runs)
@@ -141,10 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
     from seeupo_gym.training.compare.run import run_all
 
-    folder = run_all(plan, progress=not args.no_progress, command=_command(argv))
+    try:
+        with Interrupts():  # SIGTERM as Ctrl-C: the running run keeps its last finished step
+            folder = run_all(plan, progress=not args.no_progress, command=_command(argv), resume=args.resume)
+    except KeyboardInterrupt as stop:  # CompareInterrupted, or between two runs
+        print(_interrupted_line(stop, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ConfigError as error:  # --resume into a folder of another plan
+        print(f"seeupo-compare: {error}", file=sys.stderr)
+        return 2
     print(f"report: {folder / 'report.md'}")
     print(f"curves: {folder / 'curves.png'}")
-    return 0
+    return _exit_code(folder, len(plan.runs))
 
 
 def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[str] | None) -> int:
@@ -175,11 +194,44 @@ def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[st
     print(f"seeupo-compare: {len(plan.models)} models ({', '.join(r.label for r in plan.models)}) x "
           f"{len(plan.seeds)} seed(s) on {config.env.id}: {len(plan.eval_tasks)} tasks x {eval_plan.n} rollouts, at "
           f"most {max_new_tokens} new tokens per turn -> {plan.output_dir}", file=sys.stderr)
+    for run in plan.models:  # every server answers before the first evaluation starts
+        if run.source.served:
+            try:
+                run.source.open(run.config).close()
+            except ServerCheckError as error:
+                raise ServerCheckError(f"--model {run.label}: {error}") from None
     from seeupo_gym.training.compare.run import evaluate_models
 
-    folder = evaluate_models(plan, progress=not args.no_progress, command=_command(argv))
+    try:
+        with Interrupts():
+            folder = evaluate_models(plan, progress=not args.no_progress, command=_command(argv), resume=args.resume)
+    except KeyboardInterrupt as stop:  # CompareInterrupted, or between two runs
+        print(_interrupted_line(stop, argv), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ConfigError as error:  # --resume into a folder of another plan
+        print(f"seeupo-compare: {error}", file=sys.stderr)
+        return 2
     print(f"report: {folder / 'report.md'}")
     print(f"scores: {folder / 'scores.png'}")
+    return _exit_code(folder, len(plan.models))
+
+
+def _interrupted_line(stop: Any, argv: list[str] | None) -> str:
+    """One line after Ctrl-C or SIGTERM: where it stopped and the command that continues the plan."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["seeupo-compare", *args, *([] if "--resume" in args else ["--resume"])])
+    where = f" in {stop.run}" if getattr(stop, "run", None) else ""
+    kept = f" (its step {stop.step} is kept)" if getattr(stop, "step", 0) else ""
+    return (f"seeupo-compare: stopped by {getattr(stop, 'signal_name', 'SIGINT')}{where}{kept}; "
+            f"continue with: {command}")
+
+
+def _exit_code(folder: Any, runs: int) -> int:
+    """0 unless every run (or model) failed: one failure is reported beside the others' results."""
+    failures = json.loads((folder / RUN_INFO).read_text()).get("failures") or {}
+    if len(failures) >= runs:
+        print(f"seeupo-compare: every run failed ({len(failures)}); see {folder / 'report.md'}", file=sys.stderr)
+        return 1
     return 0
 
 

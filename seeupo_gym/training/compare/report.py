@@ -69,10 +69,10 @@ def _best(values: Sequence[float], higher: bool) -> set[int]:
 def final_table(rows: Sequence[Row], k: int) -> str:
     """The final-results table, one row per algorithm, the best per column in bold."""
     columns = [
-        # (title, value, sd, higher is better, digits)
-        ("train reward, first steps", lambda r: r.reward_first, lambda r: None, True, 3),
+        # (title, value, sd, higher is better (None: no best, e.g. where a run starts), digits)
+        ("train reward, first steps", lambda r: r.reward_first, lambda r: None, None, 3),
         ("train reward, last steps", lambda r: r.reward_last, lambda r: None, True, 3),
-        (f"eval avg@{k}, start", lambda r: r.eval_first, lambda r: None, True, 3),
+        (f"eval avg@{k}, start", lambda r: r.eval_first, lambda r: None, None, 3),
         (f"eval avg@{k}, final", lambda r: r.eval_last, lambda r: r.eval_last_sd, True, 3),
         (f"eval pass@{k}, final", lambda r: r.pass_last, lambda r: r.pass_last_sd, True, 3),
         ("s / train step", lambda r: r.step_seconds, lambda r: None, False, 1),

@@ -8,12 +8,14 @@ combined records. A run that fails is recorded as failed and the others still ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
 import logging
 import os
 import platform
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -23,7 +25,7 @@ from typing import Any
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.training.compare.plan import ComparePlan, ModelRun, ModelsPlan, RunSpec, eval_steps
 from seeupo_gym.training.compare.report import RUN_INFO, write_report
-from seeupo_gym.training.checkpoint import clear_run_folder
+from seeupo_gym.training.checkpoint import CHECKPOINTS_FOLDER, checkpoints, clear_run_folder
 from seeupo_gym.training.compare.stats import read_records
 
 logger = logging.getLogger(__name__)
@@ -47,12 +49,26 @@ def evaluate_run(trainer: Any, plan: ComparePlan, run: RunSpec, progress: bool) 
     )
 
 
-def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> Path:
-    """Train and evaluate every run, then write the report; returns the run folder."""
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a comparison; `run` names the run it stopped in, `step` its last kept step."""
+
+    def __init__(self, signal_name: str, run: str, step: int) -> None:
+        super().__init__(signal_name)
+        self.signal_name, self.run, self.step = signal_name, run, step
+
+
+def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "", resume: bool = False) -> Path:
+    """Train and evaluate every run, then write the report; returns the run folder.
+
+    resume: continue the comparison already in the folder (the same plan): finished runs are kept,
+    the interrupted one goes on from its checkpoint, the rest run. Ctrl-C or SIGTERM ends it with
+    CompareInterrupted after the running run kept its last finished step."""
     from tqdm.auto import tqdm
 
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     info = _run_info(plan, command)
+    if resume:
+        check_same_plan(plan.output_dir, info)
     (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
     combined = plan.output_dir / "metrics.jsonl"
     combined.write_text("")
@@ -65,8 +81,23 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> P
         for run in plan.runs:
             name = f"{run.label}/seed-{run.seed}"
             done = [0]  # units of this run already on the bar
+            if resume and (run.folder / RUN_DONE).is_file():
+                bar.update(_units(run, plan))
+                _append_run_records(combined, run)
+                tqdm.write(_run_line(run, plan, None) + " (kept from before)", file=sys.stderr)
+                continue
             try:
-                _run_one(run, plan, bar, done, start_evals, progress)
+                _run_one(run, plan, bar, done, start_evals, progress, resume=resume)
+            except KeyboardInterrupt as interrupt:  # the trainer kept the run's last finished step
+                info["wall_seconds"] = time.perf_counter() - started
+                info["failures"] = failures
+                info["interrupted"] = name
+                (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+                with contextlib.suppress(Exception):  # a report of what is done, if there is enough for one
+                    write_report(plan.output_dir)
+                kept = checkpoints(run.folder / CHECKPOINTS_FOLDER)
+                raise CompareInterrupted(getattr(interrupt, "signal_name", "SIGINT"), name,
+                                         int(kept[-1].name.split("-")[-1]) if kept else 0) from None
             except Exception as error:  # one broken run must not lose the others
                 logger.exception("run %s failed", name)
                 failures[name] = f"{type(error).__name__}: {error}"
@@ -83,8 +114,27 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "") -> P
     return plan.output_dir
 
 
+# A finished run's mark in its folder: `--resume` keeps such runs as they are.
+RUN_DONE = "compare-done.json"
+
+
+def check_same_plan(folder: Path, info: dict[str, Any]) -> None:
+    """--resume continues the comparison in `folder` only with the same runs and evaluations."""
+    from seeupo_gym.training.config import ConfigError
+
+    try:
+        before = json.loads((folder / RUN_INFO).read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"--resume: {str(folder)!r} holds no comparison to continue ({RUN_INFO} missing)") from None
+    for key in ("runs", "eval", "eval_tasks", "config", "algorithms"):
+        if json.loads(json.dumps(before.get(key), default=str)) != json.loads(json.dumps(info.get(key), default=str)):
+            raise ConfigError(f"--resume: the comparison in {str(folder)!r} was planned with other {key}; give the "
+                              f"same command with --resume, or a new --out")
+
+
 def _run_one(
-    run: RunSpec, plan: ComparePlan, bar: Any, done: list[int], start_evals: dict[str, dict[str, float]], progress: bool
+    run: RunSpec, plan: ComparePlan, bar: Any, done: list[int], start_evals: dict[str, dict[str, float]], progress: bool,
+    resume: bool = False,
 ) -> None:
     from seeupo_gym.training.trainer import Trainer
 
@@ -105,11 +155,24 @@ def _run_one(
             advance(f"{name}: step {step} eval avg@{plan.eval.k} {evaluated[f'eval/avg@{plan.eval.k}']:.3f}")
 
     bar.set_postfix_str(f"{name}: loading model")
-    # A rerun of a comparison into its folder replaces each run (a run folder holds one run).
-    clear_run_folder(run.folder)
+    (run.folder / RUN_DONE).unlink(missing_ok=True)
+    if resume and checkpoints(run.folder / CHECKPOINTS_FOLDER):
+        run.config.resume_from = "latest"  # the run an interrupt stopped: on from its last kept step
+    else:  # a rerun of a comparison into its folder replaces each run (a run folder holds one run)
+        clear_run_folder(run.folder)
     trainer = Trainer(run.config)
     with trainer:
-        if 0 in points:
+        resumed_at = trainer.state.step
+        if resumed_at:
+            evaluated = {r["step"] for r in read_records(run.folder / "metrics.jsonl") if f"eval/avg@{plan.eval.k}" in r}
+            missing = resumed_at in points and float(resumed_at) not in evaluated  # stopped in that step's evaluation
+            skipped = resumed_at + len([p for p in points if p <= resumed_at]) - int(missing)
+            bar.update(skipped)
+            done[0] += skipped
+            if missing:
+                evaluated_now = evaluate_run(trainer, plan, run, progress)
+                advance(f"{name}: step {resumed_at} eval avg@{plan.eval.k} {evaluated_now[f'eval/avg@{plan.eval.k}']:.3f}")
+        elif 0 in points:
             key = _start_key(run)
             if key in start_evals:
                 # Same initial weights and eval draws as an earlier run: same rollouts.
@@ -121,6 +184,9 @@ def _run_one(
                 advance(f"{name}: eval step 0")
         trainer.train(on_step=on_step, save_at_end=plan.save_checkpoints)
     del trainer
+    if not plan.save_checkpoints:  # an interrupted and resumed run's checkpoints served their purpose
+        shutil.rmtree(run.folder / CHECKPOINTS_FOLDER, ignore_errors=True)
+    (run.folder / RUN_DONE).write_text(json.dumps({"done": True}) + "\n")
 
 
 def _units(run: RunSpec, plan: ComparePlan) -> int:
@@ -178,15 +244,18 @@ def _run_line(run: RunSpec, plan: ComparePlan, failure: str | None) -> str:
 # --------------------------------------------------------------------------- models, side by side
 
 
-def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "") -> Path:
+def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "", resume: bool = False) -> Path:
     """Evaluate every model at every seed (`model_source.evaluate_source`, seeupo-eval's own path),
-    then write the report; returns the run folder. A model that fails is reported, the others go on."""
+    then write the report; returns the run folder. A model that fails is reported, the others go on.
+    resume: the (model, seed) evaluations already in the folder (same plan) are kept."""
     from tqdm.auto import tqdm
 
     from seeupo_gym.training.model_source import evaluate_source, public_url
 
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     info = _models_info(plan, command)
+    if resume:
+        check_same_plan(plan.output_dir, info)
     (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
     started = time.perf_counter()
     failures: dict[str, str] = {}
@@ -196,13 +265,21 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
         for run in plan.models:
             opened = None
             done = 0
+            kept = [seed for seed in plan.seeds if resume and (run.folder / f"seed-{seed}" / "result.json").is_file()]
             for seed in plan.seeds:  # a rerun into the folder replaces each model's results
                 for name in ("metrics.jsonl", "result.json"):
-                    (run.folder / f"seed-{seed}" / name).unlink(missing_ok=True)
+                    if seed not in kept:
+                        (run.folder / f"seed-{seed}" / name).unlink(missing_ok=True)
+            bar.update(len(kept))
+            done += len(kept)
+            if len(kept) == len(plan.seeds):
+                continue
             try:
                 bar.set_postfix_str(f"{run.label}: loading {run.source.describe()}")
                 opened = run.source.open(run.config)
                 for seed in plan.seeds:
+                    if seed in kept:
+                        continue
                     bar.set_postfix_str(f"{run.label}: seed {seed}")
                     result = evaluate_source(
                         opened, run.config, plan.eval_tasks, env_kwargs=plan.env_kwargs, k=ev.k, n=ev.n or ev.k,
@@ -211,10 +288,19 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
                         slow_hint="fewer models, seeds, eval tasks, rollouts (-n, -k) or tokens (--max-new-tokens) shorten it",
                     )
                     _write_model_result(run.folder / f"seed-{seed}", run, result)
+                    if result.all_failed_on_the_server:  # a score of 0 that measures no model
+                        raise RuntimeError(f"seed {seed}: every episode ({result.backend_errors}) ended with "
+                                           f"backend_error; first: {result.backend_error_episodes[0]}")
                     bar.update(1)
                     done += 1
                     tqdm.write(f"{run.label} seed {seed}: avg@{ev.k} {result.avg_at_k:.3f}, pass@{ev.k} "
                                f"{result.pass_at_k:.3f} ({result.wall_seconds:.1f} s)", file=sys.stderr)
+            except KeyboardInterrupt as interrupt:  # finished (model, seed) evaluations are kept for --resume
+                info["wall_seconds"] = time.perf_counter() - started
+                info["failures"] = failures
+                info["interrupted"] = run.label
+                (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+                raise CompareInterrupted(getattr(interrupt, "signal_name", "SIGINT"), run.label, 0) from None
             except Exception as error:  # one broken model (or server) must not lose the others
                 logger.exception("model %s failed", run.label)
                 text = f"{type(error).__name__}: {error}"

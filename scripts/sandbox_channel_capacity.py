@@ -1,0 +1,197 @@
+"""Measure channels between two concurrent AppWorld sandboxes that the sandbox leaves open, in bits/s.
+
+    .venv/bin/python scripts/sandbox_channel_capacity.py [--channel cpu|inodes] [--slots-ms 10,20,50] [--bits 64]
+
+Two real sandboxed servers run one cell each at the same time; the sender, in sandbox A, sends
+random bits, one per time slot, and the receiver, in sandbox B, decodes them. Both start at
+the same moment of CLOCK_MONOTONIC (one clock for every process on the machine; AppWorld's own
+`time` is frozen in cells), given by the host; a preamble of alternating bits sets the
+receiver's threshold.
+
+- cpu: for a 1 the sender keeps every CPU busy (one spinning process per CPU), for a 0 it
+  sleeps; the receiver counts the iterations of a Python loop it manages in each slot.
+- inodes: the inode numbers the kernel gives new pipes and sockets come from one machine-wide
+  counter, handed to each CPU in batches of 1024 (`get_next_ino`); for a 1 the sender makes
+  pipes, the receiver (pinned to one CPU) reads how many batches other CPUs took in the slot.
+
+Prints, per slot length, the raw rate, the symbol error rate over the payload and the capacity
+of a binary symmetric channel with that error rate, (1 - H(p)) / slot, with the load average.
+These are what `README.md`'s "Channels that remain" states; the kernel's counters in files and
+`sysinfo` are closed (`seeupo_gym/appworld/worker/limits.py`, `mask_proc`; `seccomp.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import threading
+import time
+
+from seeupo_gym.appworld import find_data_dir, find_python
+from seeupo_gym.appworld.server import AppWorldServer
+
+# A route past AppWorld's guards to the OS, as model code would take (see tests/).
+PRELUDE = """
+import random, typing
+P = random._os.sys.modules['posix']
+C = typing.sys.modules['ctypes']
+libc = C.CDLL(None, use_errno=True)
+class Timespec(C.Structure):
+    _fields_ = [('s', C.c_long), ('ns', C.c_long)]
+def now(ts=Timespec()):
+    libc.clock_gettime(1, C.byref(ts))
+    return ts.s + ts.ns * 1e-9
+def sleep_until(moment):
+    left = moment - now()
+    if left > 0:
+        libc.usleep(int(left * 1e6))
+"""
+SEND = PRELUDE + """
+bits, start, slot = {bits!r}, {start!r}, {slot!r}
+def follow():
+    for i, bit in enumerate(bits):
+        end = start + (i + 1) * slot
+        if bit:
+            sleep_until(start + i * slot)
+            while now() < end:
+                pass
+        else:
+            sleep_until(end)
+kids = []
+for _ in range({cpus} - 1):
+    pid = P.fork()
+    if pid == 0:
+        follow()
+        P._exit(0)
+    kids.append(pid)
+follow()
+for pid in kids:
+    P.waitpid(pid, 0)
+print('sent')
+"""
+RECEIVE = PRELUDE + """
+count, start, slot = {count!r}, {start!r}, {slot!r}
+margin = slot * 0.1
+counts = []
+for i in range(count):
+    sleep_until(start + i * slot + margin)
+    end = start + (i + 1) * slot - margin
+    n = 0
+    while now() < end:
+        for _ in range(200):
+            n += 1
+    counts.append(n)
+print(counts)
+"""
+
+
+# The inode numbers the kernel gives new pipes and sockets come from one machine-wide counter,
+# handed to each CPU in batches of 1024 (`get_next_ino`). The sender makes pipes for a 1; the
+# receiver, pinned to one CPU, uses up its batch at each end of a slot: the gap between its
+# batches is what every other CPU took meanwhile.
+SEND_INODES = PRELUDE + """
+bits, start, slot = {bits!r}, {start!r}, {slot!r}
+for i, bit in enumerate(bits):
+    end = start + (i + 1) * slot
+    if bit:
+        sleep_until(start + i * slot)
+        while now() < end:
+            for _ in range(64):
+                r, w = P.pipe()
+                P.close(r); P.close(w)
+    else:
+        sleep_until(end)
+print('sent')
+"""
+RECEIVE_INODES = PRELUDE + """
+count, start, slot = {count!r}, {start!r}, {slot!r}
+P.sched_setaffinity(0, {{sorted(P.sched_getaffinity(0))[-1]}})
+def next_batch():  # make pipes until one opens a new batch of 1024; that batch's first number
+    while True:
+        r, w = P.pipe()
+        number = P.fstat(r).st_ino
+        P.close(r); P.close(w)
+        if number % 1024 == 1:
+            return number
+counts = []
+for i in range(count):
+    sleep_until(start + i * slot)
+    first = next_batch()
+    sleep_until(start + (i + 1) * slot - slot * 0.05)
+    counts.append(-(next_batch() - first - 1024) // 1024)  # negated: more taken reads as fewer
+print(counts)
+"""
+
+
+def entropy(p: float) -> float:
+    return 0.0 if p in (0.0, 1.0) else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def measure(sender: AppWorldServer, receiver: AppWorldServer, slot: float, payload: list[int],
+            preamble: list[int], channel: str = "cpu") -> tuple[float, int]:
+    bits = preamble + payload
+    start = time.monotonic() + 4.0  # both cells are running by then
+    timeout = 4.0 + slot * len(bits) + 60
+    sent: list[str] = []
+    send, receive = (SEND, RECEIVE) if channel == "cpu" else (SEND_INODES, RECEIVE_INODES)
+    thread = threading.Thread(target=lambda: sent.append(sender.execute(
+        send.format(bits=bits, start=start, slot=slot, cpus=os.cpu_count() or 1), timeout=timeout)))
+    thread.start()
+    try:
+        output = receiver.execute(receive.format(count=len(bits), start=start, slot=slot), timeout=timeout)
+    finally:
+        thread.join()
+    if not sent or sent[0].strip() != "sent":
+        raise RuntimeError(f"the sender failed: {sent}")
+    if not output.strip().startswith("["):
+        raise RuntimeError(f"the receiver failed: {output[-2000:]}")
+    counts = [int(n) for n in output.strip().strip("[]").split(",")]
+    ones = [c for c, b in zip(counts, preamble) if b]
+    zeros = [c for c, b in zip(counts, preamble) if not b]
+    threshold = (sum(ones) / len(ones) + sum(zeros) / len(zeros)) / 2
+    low_is_one = sum(ones) / len(ones) < sum(zeros) / len(zeros)
+    decoded = [int((c < threshold) == low_is_one) for c in counts[len(preamble):]]
+    errors = sum(d != b for d, b in zip(decoded, payload))
+    return errors / len(payload), errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slots-ms", default="50,100,200", help="slot lengths to try, in ms")
+    parser.add_argument("--bits", type=int, default=64, help="payload bits per slot length")
+    parser.add_argument("--preamble", type=int, default=16, help="alternating bits to set the threshold")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channel", choices=("cpu", "inodes"), default="cpu",
+                        help="cpu: contention timed on CLOCK_MONOTONIC; inodes: the pipe inode counter")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    data = find_data_dir("mini")
+    servers = [AppWorldServer(find_python(), data) for _ in range(2)]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready()
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
+        print("slot_ms  raw_bit/s  errors  symbol_error_rate  capacity_bit/s  load_1m")
+        for slot_ms in (float(x) for x in args.slots_ms.split(",")):
+            payload = [rng.randrange(2) for _ in range(args.bits)]
+            preamble = [i % 2 for i in range(args.preamble)]
+            for server in servers:
+                server.close_episode(collect=False)
+                server.open_episode("mininote_1", timeout_seconds=600, max_interactions=50)
+            slot = slot_ms / 1000
+            rate, errors = measure(servers[0], servers[1], slot, payload, preamble, args.channel)
+            capacity = (1 - entropy(rate)) / slot  # symmetric: a receiver that reads inverted bits flips them
+            print(f"{slot_ms:7.0f}  {1 / slot:9.1f}  {errors:3d}/{len(payload):<3d} {rate:17.3f}  {capacity:14.2f}  "
+                  f"{os.getloadavg()[0]:7.2f}")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    finally:
+        for server in servers:
+            server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
