@@ -12,8 +12,8 @@ without touching verl's internals; the math is the kit's (`seeupo_gym.algorithms
    `seq-mean-token-mean` then is `-mean_i clip_obj(s(y_{i,t}), M_i)` (+ its KL loss on those tokens);
 4. `actor.compute_log_prob` on those rows at the new parameters: `M_i <- M_i * s(y_{i,t})`.
 
-`actor` is verl's actor worker group (`VerlWorkerActor` adapts `actor_rollout_wg`) or anything with
-`compute_log_prob(DataProto) -> DataProto["old_log_probs"]` and `update_actor(DataProto) -> DataProto`.
+`actor` is verl's actor worker group through `WorkerGroupActor`, or anything with
+`compute_log_prob(DataProto) -> Tensor` and `update_actor(DataProto) -> metrics`.
 """
 
 from __future__ import annotations
@@ -67,9 +67,11 @@ class VerlSeeUPOConfig:
 
 
 class SeeUPOActor(Protocol):
-    def compute_log_prob(self, data: DataProto) -> DataProto: ...
+    """The two actor calls a step makes (`WorkerGroupActor` serves them from verl's worker group)."""
 
-    def update_actor(self, data: DataProto) -> DataProto: ...
+    def compute_log_prob(self, data: DataProto) -> torch.Tensor: ...  # [rows, response_length], float32
+
+    def update_actor(self, data: DataProto) -> Mapping[str, Any]: ...  # one update on data's response_mask
 
 
 def check_actor_options(actor_options: Mapping[str, Any]) -> None:
@@ -132,6 +134,8 @@ def turn_spans(batch: DataProto) -> list[list[tuple[int, int]]]:
     recorded = batch.non_tensor_batch.get("turn_spans")
     if recorded is None:
         return [mask_runs(mask[i]) for i in range(len(batch))]
+    if len(recorded) != len(batch):
+        raise ValueError(f"turn_spans has {len(recorded)} rows for a batch of {len(batch)}")
     return [checked_spans(recorded[i], mask[i], i) for i in range(len(batch))]
 
 
@@ -146,7 +150,11 @@ def turn_mask(spans: list[list[tuple[int, int]]], t: int, shape: torch.Size) -> 
 
 
 def trajectory_rewards(batch: DataProto) -> torch.Tensor:
-    rewards = batch.batch["token_level_scores"].sum(-1).to(torch.float64)
+    """R_i: the row's token-level rewards summed (KL-in-reward applied where verl computed it)."""
+    key = "token_level_rewards" if "token_level_rewards" in batch.batch.keys() else "token_level_scores"
+    if key not in batch.batch.keys():
+        raise ValueError("the batch has no token_level_rewards or token_level_scores: score it before the SeeUPO step")
+    rewards = batch.batch[key].sum(-1).to(torch.float64)
     bad = [i for i, r in enumerate(rewards.tolist()) if not math.isfinite(r)]
     if bad:
         raise ValueError(f"rows {bad[:5]} have a non-finite reward; SeeUPO refuses the batch")
@@ -175,7 +183,7 @@ def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, 
     mask = batch.batch["response_mask"]
     old = None
     if config.old_policy == "step_start":
-        old = batch.batch["old_log_probs"] if "old_log_probs" in batch.batch.keys() else log_probs(actor, batch)
+        old = batch.batch["old_log_probs"].float() if "old_log_probs" in batch.batch.keys() else actor.compute_log_prob(batch)
     factor = [1.0] * len(batch)  # prod of s(y_{i,t'}) over the turns already updated
     pools = [(t, [i for i, row in enumerate(spans) if len(row) >= t])
              for t in update_order(max((len(row) for row in spans), default=0), config.order, generator)]
@@ -183,71 +191,86 @@ def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, 
     metrics: dict[str, float] = {"seeupo/turn_pools": float(len(pools))}
     for position, (t, rows) in enumerate(pools):
         pool = batch.select_idxs(rows)
-        pool_old = log_probs(actor, pool) if old is None or config.old_policy == "turn_start" else old[rows]
-        pool_mask = turn_mask([spans[i] for i in rows], t, mask[rows].shape)
-        weights = torch.tensor([m_weight(advantages[i], factor[i], config.m_clip) for i in rows], dtype=torch.float32)
+        pool_mask = turn_mask([spans[i] for i in rows], t, mask[rows].shape).to(mask.dtype)
         pool.batch["response_mask"] = pool_mask
+        pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[rows]
+        weights = torch.tensor([m_weight(advantages[i], factor[i], config.m_clip) for i in rows], dtype=torch.float32)
         pool.batch["old_log_probs"] = pool_old
         pool.batch["advantages"] = weights[:, None] * pool_mask
-        pool.meta_info.setdefault("seeupo_turn", t)
-        output = actor.update_actor(pool)
-        for key, value in (getattr(output, "meta_info", None) or {}).get("metrics", {}).items():
-            if isinstance(value, (int, float)):
+        for key, value in (actor.update_actor(pool) or {}).items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics[f"seeupo/turn{t}/{key}"] = float(value)
         later = {i for _, rows_after in pools[position + 1 :] for i in rows_after}
         measured = [k for k, i in enumerate(rows) if i in later]
         if measured:  # M_i <- M_i * s(y_{i,t}) at the updated parameters
-            new = log_probs(actor, pool.select_idxs(measured))
-            ratios = core.sequence_ratio(new, pool_old[measured], pool_mask[measured].bool()).tolist()
+            new = actor.compute_log_prob(pool.select_idxs(measured))
+            ratios = core.sequence_ratio(new.double(), pool_old[measured].double(), pool_mask[measured].bool()).tolist()
             for k, ratio in zip(measured, ratios):
                 factor[rows[k]] *= ratio
     final_m = torch.tensor([m_weight(a, f, config.m_clip) for a, f in zip(advantages, factor)])
-    metrics.update({"seeupo/m_mean": float(final_m.mean()), "seeupo/m_abs_max": float(final_m.abs().max())})
+    metrics.update({"seeupo/m_mean": float(final_m.mean()), "seeupo/m_abs_max": float(final_m.abs().max()),
+                    "seeupo/ratio_product_min": min(factor), "seeupo/ratio_product_max": max(factor)})
     return metrics
 
 
-def log_probs(actor: SeeUPOActor, data: DataProto) -> torch.Tensor:
-    return actor.compute_log_prob(data).batch["old_log_probs"].float()
+class WorkerGroupActor:
+    """verl's actor worker group (`actor_rollout_wg` of any engine, or one in-process
+    `ActorRolloutRefWorker`) as a `SeeUPOActor`, with the conversions verl's own trainer makes
+    (`left_right_2_no_padding`, `no_padding_2_padding`).
 
-
-class VerlWorkerActor:
-    """verl's actor worker group (`RayPPOTrainer.actor_rollout_wg`, any engine) as a `SeeUPOActor`.
-
-    Log-probs go through the trainer's own `_compute_old_log_prob`. The update repeats
-    `RayPPOTrainer._update_actor`'s conversion with one change: the pool is one mini-batch and its own
-    `global_batch_size` (verl's would divide the pool's seq-mean by `ppo_mini_batch_size * n` rows).
+    A pool is one mini-batch, `global_batch_size` its own row count: verl's trainer would divide a
+    pool's seq-mean by `ppo_mini_batch_size * n`, a full batch's rows. A pool that does not split
+    over the `dp_size` data-parallel workers is padded with copies of its first row whose
+    response_mask is all 0: verl's `seq-mean-*` skips fully masked rows, so they add nothing.
     """
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def __init__(self, worker_group: Any, *, dp_size: int = 1, temperature: float = 1.0, calculate_entropy: bool = False,
+                 seed: int = 42) -> None:
+        if dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+        self.worker_group, self.dp_size, self.temperature = worker_group, dp_size, temperature
+        self.calculate_entropy, self.seed = calculate_entropy, seed
 
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        old_log_prob, _ = self.trainer._compute_old_log_prob(data)
-        return old_log_prob
+    def _padded(self, data: DataProto) -> tuple[DataProto, int]:
+        rows = len(data)
+        extra = -rows % self.dp_size
+        if not extra:
+            return data, rows
+        filler = data.select_idxs([0] * extra)
+        filler.batch["response_mask"] = torch.zeros_like(filler.batch["response_mask"])
+        if "advantages" in filler.batch.keys():
+            filler.batch["advantages"] = torch.zeros_like(filler.batch["advantages"])
+        return DataProto.concat([data, filler]), rows
 
-    def update_actor(self, data: DataProto) -> DataProto:
+    def compute_log_prob(self, data: DataProto) -> torch.Tensor:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+        padded, rows = self._padded(data)
+        td = left_right_2_no_padding(padded.to_tensordict())
+        tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False, temperature=self.temperature)
+        output = self.worker_group.compute_log_prob(td)
+        return no_padding_2_padding(tu.get(output, "log_probs"), td).float()[:rows]
+
+    def update_actor(self, data: DataProto) -> dict[str, Any]:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
-        config = self.trainer.config.actor_rollout_ref
-        world = self.trainer.actor_rollout_wg.world_size
-        if len(data) % world:
-            raise ValueError(f"a turn pool of {len(data)} rows does not split over {world} data-parallel workers; "
-                             "use a batch whose pools are multiples of the world size")
-        data.meta_info["multi_turn"] = config.rollout.multi_turn.enable
-        data.meta_info["temperature"] = config.rollout.temperature
-        batch_td = left_right_2_no_padding(data.to_tensordict())
-        tu.assign_non_tensor(
-            batch_td,
-            calculate_entropy=config.actor.calculate_entropy or config.actor.entropy_coeff != 0.0,
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=len(data),
-            mini_batch_size=len(data),
-            epochs=1,
-            seed=config.actor.data_loader_seed,
-            dataloader_kwargs={"shuffle": False},
-            compute_loss=True,
-        )
-        output = tu.get(self.trainer.actor_rollout_wg.update_actor(batch_td), "metrics")
-        return DataProto.from_single_dict(data={}, meta_info={"metrics": {f"actor/{k}": v for k, v in output.items()}})
+        padded, rows = self._padded(data)
+        td = left_right_2_no_padding(padded.to_tensordict())
+        tu.assign_non_tensor(td, calculate_entropy=self.calculate_entropy, distillation_use_topk=False,
+                             distillation_only=False, global_batch_size=rows, mini_batch_size=len(padded), epochs=1,
+                             seed=self.seed, dataloader_kwargs={"shuffle": False}, compute_loss=True,
+                             temperature=self.temperature)
+        metrics = tu.get(self.worker_group.update_actor(td), "metrics") or {}
+        return {f"actor/{k}": _mean(v) for k, v in metrics.items() if _mean(v) is not None}
+
+
+def _mean(value: Any) -> float | None:
+    """A worker metric (a number, or one per micro-batch) as one float; None for anything else."""
+    if isinstance(value, (list, tuple)):
+        numbers = [float(x) for x in value if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        return sum(numbers) / len(numbers) if numbers and len(numbers) == len(value) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
