@@ -72,44 +72,37 @@ def kit_batch(rollouts) -> RolloutBatch:
     return RolloutBatch(trajectories)
 
 
+def verl_rows(rollouts) -> list[dict]:
+    """Each rollout as the fields verl's agent loop stores for it: prompt, response (model and tool
+    tokens), response_mask 0 on tool tokens, the score on the last token, its turn spans."""
+    rows = []
+    for group, reward, prompt, pieces in rollouts:
+        response, mask, spans = [], [], []
+        for r, tool in pieces:
+            spans.append([len(response), len(response) + len(r)])
+            response += r + tool
+            mask += [1] * len(r) + [0] * len(tool)
+        scores = [0.0] * len(response)
+        scores[-1] = reward
+        rows.append({"prompts": torch.tensor(prompt), "responses": torch.tensor(response), "response_mask": torch.tensor(mask),
+                     "rm_scores": torch.tensor(scores), "uid": group, "extra_fields": {"turn_spans": spans}})
+    return rows
+
+
 def verl_batch(rollouts, pad_id: int, with_spans: bool):
-    """verl's padded layout: prompts left-padded, responses right-padded, one row per trajectory."""
+    """The rollouts in verl's padded layout (`padded_tensors`), one row per trajectory."""
     from verl import DataProto
 
-    prompts = [p for _, _, p, _ in rollouts]
-    responses = [[x for r, tool in pieces for x in r + tool] for _, _, _, pieces in rollouts]
-    masks = [[m for r, tool in pieces for m in [1] * len(r) + [0] * len(tool)] for _, _, _, pieces in rollouts]
-    spans = []
-    for _, _, _, pieces in rollouts:
-        at, row = 0, []
-        for r, tool in pieces:
-            row.append([at, at + len(r)])
-            at += len(r) + len(tool)
-        spans.append(row)
-    P, R = max(map(len, prompts)), max(map(len, responses))
-    n = len(rollouts)
-    prompt_t = torch.full((n, P), pad_id)
-    prompt_a = torch.zeros(n, P, dtype=torch.long)
-    resp_t = torch.full((n, R), pad_id)
-    resp_m = torch.zeros(n, R, dtype=torch.long)
-    scores = torch.zeros(n, R)
-    for i in range(n):
-        prompt_t[i, P - len(prompts[i]):] = torch.tensor(prompts[i])
-        prompt_a[i, P - len(prompts[i]):] = 1
-        resp_t[i, : len(responses[i])] = torch.tensor(responses[i])
-        resp_m[i, : len(masks[i])] = torch.tensor(masks[i])
-        scores[i, len(responses[i]) - 1] = rollouts[i][1]
-    attention = torch.cat([prompt_a, (torch.arange(R)[None] < torch.tensor([len(r) for r in responses])[:, None]).long()], 1)
-    position = (attention.cumsum(-1) - 1).clamp(min=0)
-    non_tensors = {"uid": np.array([g for g, _, _, _ in rollouts], dtype=object)}
+    from seeupo_gym.integrations.verl.trainer import right_padded, padded_tensors
+
+    rows = verl_rows(rollouts)
+    tensors = padded_tensors([r["prompts"] for r in rows], [r["responses"] for r in rows],
+                             [r["response_mask"] for r in rows], pad_id)
+    tensors["token_level_scores"] = right_padded([r["rm_scores"] for r in rows], tensors["responses"].shape[1])
+    non_tensors = {"uid": np.array([r["uid"] for r in rows], dtype=object)}
     if with_spans:
-        non_tensors["turn_spans"] = np.array(spans + [None], dtype=object)[:-1]
-    return DataProto.from_dict(
-        tensors={"prompts": prompt_t, "responses": resp_t, "input_ids": torch.cat([prompt_t, resp_t], 1),
-                 "attention_mask": attention, "position_ids": position, "response_mask": resp_m,
-                 "token_level_scores": scores},
-        non_tensors=non_tensors,
-    )
+        non_tensors["turn_spans"] = np.array([r["extra_fields"]["turn_spans"] for r in rows] + [None], dtype=object)[:-1]
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
 def verl_overrides(model_path: str, kl_coef: float, micro_batch: int) -> list[str]:

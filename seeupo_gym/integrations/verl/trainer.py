@@ -76,7 +76,7 @@ def dataproto_from_rows(rows: Any, keys: list[str], pad_token_id: int) -> DataPr
     for name, target in (("old_log_probs", "old_log_probs"), ("ref_log_prob", "ref_log_prob"), ("rm_scores", "token_level_scores"),
                          ("token_level_rewards", "token_level_rewards")):
         if name in rows.keys():
-            tensors[target] = _right_padded([torch.as_tensor(x).float() for x in _unbind(rows[name])], width)
+            tensors[target] = right_padded([torch.as_tensor(x).float() for x in _unbind(rows[name])], width)
     extra = _values(rows["extra_fields"]) if "extra_fields" in rows.keys() else [{}] * len(keys)
     spans = [e.get("turn_spans") if isinstance(e, dict) else None for e in extra]
     non_tensors = {"uid": np.array([str(u) for u in _values(rows["uid"])], dtype=object)}
@@ -95,8 +95,8 @@ def padded_tensors(prompts: list[torch.Tensor], responses: list[torch.Tensor], m
         if len(p):
             prompt_ids[i, width_p - len(p):] = p
             prompt_attention[i, width_p - len(p):] = 1
-    response_ids = _right_padded(responses, width_r, pad_token_id).long()
-    response_mask = _right_padded(masks, width_r).long()
+    response_ids = right_padded(responses, width_r, pad_token_id).long()
+    response_mask = right_padded(masks, width_r).long()
     response_attention = (torch.arange(width_r)[None] < torch.tensor([len(r) for r in responses])[:, None]).long()
     attention = torch.cat([prompt_attention, response_attention], 1)
     return {"prompts": prompt_ids, "responses": response_ids, "input_ids": torch.cat([prompt_ids, response_ids], 1),
@@ -104,7 +104,7 @@ def padded_tensors(prompts: list[torch.Tensor], responses: list[torch.Tensor], m
             "response_mask": response_mask}
 
 
-def _right_padded(rows: list[torch.Tensor], width: int, value: float = 0) -> torch.Tensor:
+def right_padded(rows: list[torch.Tensor], width: int, value: float = 0) -> torch.Tensor:
     dtype = rows[0].dtype if rows else torch.float32
     out = torch.full((len(rows), width), value, dtype=dtype)
     for i, row in enumerate(rows):
