@@ -324,3 +324,21 @@ def test_launcher_refuses_what_seeupo_cannot_honour_in_one_line(overrides, messa
     lines = [line for line in err.splitlines() if line.startswith("seeupo verl:")]
     assert len(lines) == 1 and message in lines[0], err[-1500:]
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_paper_run_script_builds_its_data_and_its_config_passes_every_check(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "verl_seeupo_paper.sh"
+    env = {**os.environ, "PYTHON": sys.executable, "SEEUPO_VERL_DATA": str(tmp_path)}
+    result = subprocess.run(["bash", str(script), "bfcl", "--print-config"], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "order='reverse'" in result.stdout and "actor_rollout_ref.rollout.n=8" in result.stdout
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.002" in result.stdout and "data.train_batch_size=32" in result.stdout
+    import pandas as pd
+
+    assert len(pd.read_parquet(tmp_path / "bfcl_train.parquet")) == 100

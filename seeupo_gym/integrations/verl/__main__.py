@@ -51,7 +51,7 @@ actor_rollout_ref.actor.ppo_epochs=1.
 Refused: a critic, algorithm.rollout_correction, actor_rollout_ref.actor.entropy_coeff != 0,
 actor_rollout_ref.rollout.n < 2, trainer.use_v1=false.
 Every other verl option works as in verl (see `python -m verl.trainer.main_ppo --help`). The paper's
-run: seeupo_gym/integrations/verl/configs/ (docs/integrations.md, "SeeUPO in verl").
+run: scripts/verl_seeupo_paper.sh bfcl|appworld (docs/integrations.md, "SeeUPO in verl").
 """
 
 
