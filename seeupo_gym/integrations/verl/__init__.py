@@ -10,6 +10,8 @@ as "seeupo_env", runs one of our envs per row, token-in/token-out through verl's
 - the env's new messages (user or tool) are rendered as the template appends them and tokenized
   once; they join the response with mask 0, the sampled tokens with mask 1 (verl's layout:
   `| model 1..1 | env 0..0 | model 1..1 |`), their logprobs as sampled (0.0 on env tokens);
+- each turn's sampled tokens are `extra_fields["turn_spans"]` ([start, end) in the response), SeeUPO's
+  turn pools (`seeupo_gym.integrations.verl.seeupo`);
 - the env's final reward is the sample's `reward_score`. A sample that fills `response_length`
   before its episode ends, whose first prompt (tools included) exceeds `prompt_length`, or whose
   env fails, scores 0.0 (`extra_fields["env_end"]` says which; an overlong prompt is kept as
@@ -90,6 +92,7 @@ class SeeupoAgentLoop(AgentLoopBase):
         response_ids: list[int] = []
         response_mask: list[int] = []
         response_logprobs: list[float] = []
+        turn_spans: list[list[int]] = []  # [start, end) of each turn's sampled tokens in the response
         prompt_ids: list[int] = []
         messages: list[dict[str, Any]] = []
         reward, success, end, error = 0.0, False, END_RESPONSE_LENGTH, ""
@@ -113,6 +116,8 @@ class SeeupoAgentLoop(AgentLoopBase):
                     sampling_params={**sampling_params, "max_tokens": max_tokens},
                 )
                 sampled, logprobs = self._checked(output, max_tokens)
+                if sampled:
+                    turn_spans.append([len(response_ids), len(response_ids) + len(sampled)])
                 response_ids += sampled
                 response_mask += [1] * len(sampled)
                 response_logprobs += logprobs
@@ -154,6 +159,8 @@ class SeeupoAgentLoop(AgentLoopBase):
                 "env_end": end,
                 "env_error": error,
                 "turn_scores": [],
+                # SeeUPO's turn pools (integrations/verl/seeupo.py), cut to the response as it is
+                "turn_spans": [[a, min(b, cut)] for a, b in turn_spans if a < cut],
                 "tool_rewards": [],
                 "reward_extra_info": {"success": float(success)},
             },

@@ -1,0 +1,276 @@
+"""SeeUPO on stock verl (0.9.1): one step driven from the controller with verl's actor calls.
+
+A verl batch has one row per trajectory: prompt + the whole multi-turn response, `response_mask` 1 on
+sampled tokens and 0 on tool / user tokens. `seeupo_step` turns it into the paper's Algorithm 1
+without touching verl's internals; the math is the kit's (`seeupo_gym.algorithms.seeupo`, `core`):
+
+1. turn t of row i = its t-th span of sampled tokens: `turn_spans` recorded by our `seeupo_env`
+   agent loop, or else the runs of 1s of `response_mask` (verl's own tool agent loop);
+2. `M_i <- normalize(A_i)`: GRAE over the rows (`uid` groups, reward = sum of `token_level_scores`);
+3. for t in the order (reverse by default): `actor.update_actor` on the rows that have a turn t, with
+   `response_mask` = turn t's tokens and `advantages` = M_i on them; verl's own `gspo` loss with
+   `seq-mean-token-mean` then is `-mean_i clip_obj(s(y_{i,t}), M_i)` (+ its KL loss on those tokens);
+4. `actor.compute_log_prob` on those rows at the new parameters: `M_i <- M_i * s(y_{i,t})`.
+
+`actor` is verl's actor worker group through `WorkerGroupActor`, or anything with
+`compute_log_prob(DataProto) -> Tensor` and `update_actor(DataProto) -> metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+import torch
+from verl import DataProto
+
+from seeupo_gym.algorithms import core
+from seeupo_gym.algorithms.seeupo import OLD_POLICIES, ORDERS, m_weight, update_order
+
+# More turns than this in one row is not a conversation but a malformed row.
+MAX_TURNS = 4096
+# verl's actor options SeeUPO needs as they are: anything else changes the loss it computes.
+REQUIRED_ACTOR = {"policy_loss.loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean"}
+
+
+@dataclass
+class VerlSeeUPOConfig:
+    """`algorithm.seeupo.*` in verl's config (see the kit's `SeeUPOConfig` for each option)."""
+
+    order: str = "reverse"  # reverse | natural | random
+    normalization: str = "batch"  # GRAE: none | group | batch
+    m_clip: tuple[float, float] | None = None  # the authors' code: [0.8, 1.2]
+    old_policy: str = "step_start"  # step_start (the paper) | turn_start (the authors' code)
+    seed: int = 0  # of the `random` order
+
+    def __post_init__(self) -> None:
+        for name, choices in (("order", ORDERS), ("normalization", core.NORMALIZATIONS), ("old_policy", OLD_POLICIES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"algorithm.seeupo.{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.m_clip is not None:
+            low, high = (float(x) for x in self.m_clip)
+            if not 0 <= low <= 1 <= high:
+                raise ValueError(f"algorithm.seeupo.m_clip must be [low, high] with 0 <= low <= 1 <= high, got {self.m_clip}")
+            self.m_clip = (low, high)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> "VerlSeeUPOConfig":
+        options = dict(options or {})
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"algorithm.seeupo has no option {unknown}; it takes {[f.name for f in fields(cls)]}")
+        if options.get("m_clip") is not None:
+            options["m_clip"] = tuple(options["m_clip"])
+        return cls(**options)
+
+
+class SeeUPOActor(Protocol):
+    """The two actor calls a step makes (`WorkerGroupActor` serves them from verl's worker group)."""
+
+    def compute_log_prob(self, data: DataProto) -> torch.Tensor: ...  # [rows, response_length], float32
+
+    def update_actor(self, data: DataProto) -> Mapping[str, Any]: ...  # one update on data's response_mask
+
+
+def check_actor_options(actor_options: Mapping[str, Any]) -> None:
+    """Refuse, in one line, verl actor options under which the pools' updates are not SeeUPO's."""
+    for key, wanted in REQUIRED_ACTOR.items():
+        value: Any = actor_options
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value != wanted:
+            raise ValueError(f"SeeUPO needs actor_rollout_ref.actor.{key}={wanted} (got {value!r})")
+    if actor_options.get("ppo_epochs", 1) != 1:
+        raise ValueError("SeeUPO's verl trainer runs one epoch per pool: set actor_rollout_ref.actor.ppo_epochs=1")
+
+
+# ------------------------------------------------------------------------------- turn pools
+
+
+def mask_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s: the turns of a row from verl's tool agent loop."""
+    values = [int(v) for v in mask_row.tolist()]
+    runs, start = [], None
+    for k, v in enumerate(values + [0]):
+        if v and start is None:
+            start = k
+        elif not v and start is not None:
+            runs.append((start, k))
+            start = None
+    return runs
+
+
+def checked_spans(raw: Any, mask_row: torch.Tensor, row: int) -> list[tuple[int, int]]:
+    """Recorded turn spans of one row, refused in one line unless they are in-range, ordered,
+    disjoint [start, end) pairs of ints over sampled tokens (mask 1)."""
+    if isinstance(raw, np.ndarray):
+        raw = raw.tolist()
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"row {row}: turn_spans must be a list of [start, end] pairs, got {type(raw).__name__}")
+    if len(raw) > MAX_TURNS:
+        raise ValueError(f"row {row}: {len(raw)} turn spans, more than {MAX_TURNS}")
+    spans, length, previous_end = [], mask_row.shape[0], 0
+    for span in raw:
+        if isinstance(span, np.ndarray):
+            span = span.tolist()
+        if (not isinstance(span, (list, tuple)) or len(span) != 2
+                or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in span)):
+            raise ValueError(f"row {row}: a turn span must be [start, end] ints, got {span!r:.80}")
+        start, end = int(span[0]), int(span[1])
+        if not previous_end <= start < end <= length:
+            raise ValueError(f"row {row}: turn span [{start}, {end}) is empty, out of [0, {length}) or overlaps the one before")
+        if not bool(mask_row[start:end].all()):
+            raise ValueError(f"row {row}: turn span [{start}, {end}) covers tokens with response_mask 0")
+        spans.append((start, end))
+        previous_end = end
+    return spans
+
+
+def turn_spans(batch: DataProto) -> list[list[tuple[int, int]]]:
+    """Each row's turns: its recorded `turn_spans`, else the runs of 1s of its response_mask."""
+    mask = batch.batch["response_mask"]
+    recorded = batch.non_tensor_batch.get("turn_spans")
+    if recorded is None:
+        return [mask_runs(mask[i]) for i in range(len(batch))]
+    if len(recorded) != len(batch):
+        raise ValueError(f"turn_spans has {len(recorded)} rows for a batch of {len(batch)}")
+    return [checked_spans(recorded[i], mask[i], i) for i in range(len(batch))]
+
+
+def turn_mask(spans: list[list[tuple[int, int]]], t: int, shape: torch.Size) -> torch.Tensor:
+    """[rows, R] mask of turn t's tokens (0 on rows without a turn t)."""
+    mask = torch.zeros(shape, dtype=torch.long)
+    for i, row in enumerate(spans):
+        if len(row) >= t:
+            start, end = row[t - 1]
+            mask[i, start:end] = 1
+    return mask
+
+
+def trajectory_rewards(batch: DataProto) -> torch.Tensor:
+    """R_i: the row's token-level rewards summed (KL-in-reward applied where verl computed it)."""
+    key = "token_level_rewards" if "token_level_rewards" in batch.batch.keys() else "token_level_scores"
+    if key not in batch.batch.keys():
+        raise ValueError("the batch has no token_level_rewards or token_level_scores: score it before the SeeUPO step")
+    rewards = batch.batch[key].sum(-1).to(torch.float64)
+    bad = [i for i, r in enumerate(rewards.tolist()) if not math.isfinite(r)]
+    if bad:
+        raise ValueError(f"rows {bad[:5]} have a non-finite reward; SeeUPO refuses the batch")
+    return rewards
+
+
+def group_index(batch: DataProto) -> torch.Tensor:
+    uids = batch.non_tensor_batch.get("uid")
+    if uids is None or len(uids) != len(batch):
+        raise ValueError("SeeUPO needs a `uid` (the group of each row) in non_tensor_batch")
+    names: dict[str, int] = {}
+    return torch.tensor([names.setdefault(str(u), len(names)) for u in uids])
+
+
+# ------------------------------------------------------------------------------- the step
+
+
+def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, generator: torch.Generator | None = None
+                ) -> dict[str, float]:
+    """One SeeUPO step on `batch` through `actor`'s verl calls (module doc). Returns SeeUPO's metrics."""
+    if len(batch) == 0:
+        raise ValueError("SeeUPO got an empty batch")
+    generator = generator or torch.Generator().manual_seed(config.seed)
+    spans = turn_spans(batch)  # checks before anything runs
+    advantages = core.group_advantages(trajectory_rewards(batch), group_index(batch), config.normalization).tolist()
+    mask = batch.batch["response_mask"]
+    old = None
+    if config.old_policy == "step_start":
+        old = batch.batch["old_log_probs"].float() if "old_log_probs" in batch.batch.keys() else actor.compute_log_prob(batch)
+    factor = [1.0] * len(batch)  # prod of s(y_{i,t'}) over the turns already updated
+    pools = [(t, [i for i, row in enumerate(spans) if len(row) >= t])
+             for t in update_order(max((len(row) for row in spans), default=0), config.order, generator)]
+    pools = [(t, rows) for t, rows in pools if rows]
+    metrics: dict[str, float] = {"seeupo/turn_pools": float(len(pools))}
+    for position, (t, rows) in enumerate(pools):
+        pool = batch.select_idxs(rows)
+        pool_mask = turn_mask([spans[i] for i in rows], t, mask[rows].shape).to(mask.dtype)
+        pool.batch["response_mask"] = pool_mask
+        pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[rows]
+        weights = torch.tensor([m_weight(advantages[i], factor[i], config.m_clip) for i in rows], dtype=torch.float32)
+        pool.batch["old_log_probs"] = pool_old
+        pool.batch["advantages"] = weights[:, None] * pool_mask
+        for key, value in (actor.update_actor(pool) or {}).items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics[f"seeupo/turn{t}/{key}"] = float(value)
+        later = {i for _, rows_after in pools[position + 1 :] for i in rows_after}
+        measured = [k for k, i in enumerate(rows) if i in later]
+        if measured:  # M_i <- M_i * s(y_{i,t}) at the updated parameters
+            new = actor.compute_log_prob(pool.select_idxs(measured))
+            ratios = core.sequence_ratio(new.double(), pool_old[measured].double(), pool_mask[measured].bool()).tolist()
+            for k, ratio in zip(measured, ratios):
+                factor[rows[k]] *= ratio
+    final_m = torch.tensor([m_weight(a, f, config.m_clip) for a, f in zip(advantages, factor)])
+    metrics.update({"seeupo/m_mean": float(final_m.mean()), "seeupo/m_abs_max": float(final_m.abs().max()),
+                    "seeupo/ratio_product_min": min(factor), "seeupo/ratio_product_max": max(factor)})
+    return metrics
+
+
+class WorkerGroupActor:
+    """verl's actor worker group (`actor_rollout_wg` of any engine, or one in-process
+    `ActorRolloutRefWorker`) as a `SeeUPOActor`, with the conversions verl's own trainer makes
+    (`left_right_2_no_padding`, `no_padding_2_padding`).
+
+    A pool is one mini-batch, `global_batch_size` its own row count: verl's trainer would divide a
+    pool's seq-mean by `ppo_mini_batch_size * n`, a full batch's rows. A pool that does not split
+    over the `dp_size` data-parallel workers is padded with copies of its first row whose
+    response_mask is all 0: verl's `seq-mean-*` skips fully masked rows, so they add nothing.
+    """
+
+    def __init__(self, worker_group: Any, *, dp_size: int = 1, temperature: float = 1.0, calculate_entropy: bool = False,
+                 seed: int = 42) -> None:
+        if dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+        self.worker_group, self.dp_size, self.temperature = worker_group, dp_size, temperature
+        self.calculate_entropy, self.seed = calculate_entropy, seed
+
+    def _padded(self, data: DataProto) -> tuple[DataProto, int]:
+        rows = len(data)
+        extra = -rows % self.dp_size
+        if not extra:
+            return data, rows
+        filler = data.select_idxs([0] * extra)
+        filler.batch["response_mask"] = torch.zeros_like(filler.batch["response_mask"])
+        if "advantages" in filler.batch.keys():
+            filler.batch["advantages"] = torch.zeros_like(filler.batch["advantages"])
+        return DataProto.concat([data, filler]), rows
+
+    def compute_log_prob(self, data: DataProto) -> torch.Tensor:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+        padded, rows = self._padded(data)
+        td = left_right_2_no_padding(padded.to_tensordict())
+        tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False, temperature=self.temperature)
+        output = self.worker_group.compute_log_prob(td)
+        return no_padding_2_padding(tu.get(output, "log_probs"), td).float()[:rows]
+
+    def update_actor(self, data: DataProto) -> dict[str, Any]:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        padded, rows = self._padded(data)
+        td = left_right_2_no_padding(padded.to_tensordict())
+        tu.assign_non_tensor(td, calculate_entropy=self.calculate_entropy, distillation_use_topk=False,
+                             distillation_only=False, global_batch_size=rows, mini_batch_size=len(padded), epochs=1,
+                             seed=self.seed, dataloader_kwargs={"shuffle": False}, compute_loss=True,
+                             temperature=self.temperature)
+        metrics = tu.get(self.worker_group.update_actor(td), "metrics") or {}
+        return {f"actor/{k}": _mean(v) for k, v in metrics.items() if _mean(v) is not None}
+
+
+def _mean(value: Any) -> float | None:
+    """A worker metric (a number, or one per micro-batch) as one float; None for anything else."""
+    if isinstance(value, (list, tuple)):
+        numbers = [float(x) for x in value if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        return sum(numbers) / len(numbers) if numbers and len(numbers) == len(value) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None

@@ -1,0 +1,344 @@
+"""SeeUPO on stock verl (seeupo_gym.integrations.verl): one step served by verl's own actor worker
+(FSDP2 engine on CPU) equals the kit's update on the same scripted rollouts (scripts/seeupo_in_verl.py),
+a control that must differ, verl's TransferQueue rows read as the same batch, the launcher's options
+and refusals, and the red team of each entry point (malformed rows, sessions and turn spans, hostile
+completion text and extra fields, NaN rewards)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from seeupo_gym.integrations.verl.seeupo import (  # noqa: E402
+    MAX_TURNS,
+    VerlSeeUPOConfig,
+    check_actor_options,
+    mask_runs,
+    seeupo_step,
+    turn_spans,
+)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "seeupo_in_verl.py"
+spec = importlib.util.spec_from_file_location("seeupo_in_verl", SCRIPT)
+seeupo_in_verl = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(seeupo_in_verl)
+
+PARITY = 1e-5
+
+
+def parity(*args: str) -> float:
+    """The script's own printed figure: each case runs in a process of its own (it builds verl's
+    worker on a gloo group and selects verl's CPU platform, process-wide state)."""
+    import re
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.findall(r"^max parameter difference vs the kit: (\S+)$", result.stdout, re.M)
+    assert len(found) == 1, result.stdout[-2000:]
+    return float(found[0])
+
+
+def test_one_step_through_verls_actor_worker_equals_the_kits_reverse_order():
+    assert parity("--case", "reverse") <= PARITY
+
+
+def test_control_verl_natural_order_against_the_kits_reverse_differs_by_far_more():
+    assert parity("--case", "control") > 1000 * PARITY
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ("natural", "kl"))
+def test_one_step_through_verls_actor_worker_equals_the_kits_natural_order_and_with_kl(case):
+    assert parity("--case", case) <= PARITY
+
+
+@pytest.mark.slow
+def test_turns_from_response_mask_runs_equal_the_recorded_spans_step():
+    assert parity("--case", "reverse", "--mask-runs") <= PARITY
+
+
+@pytest.mark.slow
+def test_pools_padded_for_four_ranks_and_micro_batches_of_two_change_nothing():
+    assert parity("--case", "reverse", "--dp-size", "4", "--micro-batch", "2") <= PARITY
+
+
+# ------------------------------------------------------------------------------- red team
+
+
+class RecordingActor:
+    """Replaces verl's actor: records calls, so a refused batch is shown to have run nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def compute_log_prob(self, data):
+        self.calls.append("compute_log_prob")
+        return torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)
+
+    def update_actor(self, data):
+        self.calls.append(("update_actor", int(data.batch["response_mask"].sum())))
+        return {"actor/pg_loss": 0.0, "actor/odd": "text"}
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    from seeupo_gym.agents.models import load_model
+
+    _, tokenizer = load_model("tiny")
+    return seeupo_in_verl.scripted(tokenizer), tokenizer.pad_token_id
+
+
+def batch_of(rollouts, spans=None):
+    rows, pad = rollouts
+    batch = seeupo_in_verl.verl_batch(rows, pad, with_spans=spans is None)
+    if spans is not None:
+        batch.non_tensor_batch["turn_spans"] = np.array(list(spans) + [None], dtype=object)[:-1]
+    return batch
+
+
+def recorded(rollouts):
+    return [list(map(list, row)) for row in turn_spans(batch_of(rollouts))]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda s: [[s[0][0], [s[0][0][0], s[0][1][1]]]] + s[1:], "overlaps"),  # turn 2 starts inside turn 1
+        (lambda s: [[[0, 10_000]]] + s[1:], "out of"),
+        (lambda s: [[[-1, 2]]] + s[1:], "out of"),
+        (lambda s: [[[0.0, 2.0]]] + s[1:], "ints"),
+        (lambda s: [[[True, 2]]] + s[1:], "ints"),
+        (lambda s: [[["0", "2"]]] + s[1:], "ints"),
+        (lambda s: [[[0, 2, 3]]] + s[1:], "ints"),
+        (lambda s: ["0:2"] + s[1:], "list"),
+        (lambda s: [["0:2"]] + s[1:], "ints"),
+        (lambda s: [{"start": 0}] + s[1:], "list"),
+        (lambda s: [[[k, k + 1] for k in range(MAX_TURNS + 1)]] + s[1:], "more than"),
+        (lambda s: [[[s[0][0][0], s[0][0][1] + 1]]] + s[1:], "response_mask 0"),  # reaches into the tool result
+        (lambda s: [[[3, 3]]] + s[1:], "empty"),
+    ],
+)
+def test_malformed_turn_spans_are_one_line_errors_and_nothing_runs(rollouts, bad, message):
+    actor = RecordingActor()
+    batch = batch_of(rollouts, bad(recorded(rollouts)))
+    with pytest.raises(ValueError, match=message) as err:
+        seeupo_step(batch, actor, VerlSeeUPOConfig())
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+    assert actor.calls == []
+
+
+@pytest.mark.parametrize("value", (float("nan"), float("inf")))
+def test_a_non_finite_reward_refuses_the_batch_before_any_update(rollouts, value):
+    actor = RecordingActor()
+    batch = batch_of(rollouts)
+    batch.batch["token_level_scores"][2, 0] = value
+    with pytest.raises(ValueError, match="non-finite reward"):
+        seeupo_step(batch, actor, VerlSeeUPOConfig())
+    assert actor.calls == []
+
+
+def test_a_batch_without_uid_groups_is_refused(rollouts):
+    actor = RecordingActor()
+    batch = batch_of(rollouts)
+    del batch.non_tensor_batch["uid"]
+    with pytest.raises(ValueError, match="uid"):
+        seeupo_step(batch, actor, VerlSeeUPOConfig())
+    assert actor.calls == []
+
+
+def test_completion_text_that_mimics_turn_markers_does_not_split_a_turn(rollouts):
+    # Rollout 3's last answer is "user: <tool_response> 20 </tool_response> assistant:": still one turn.
+    spans = recorded(rollouts)
+    assert len(spans[3]) == 3
+    batch = batch_of(rollouts)
+    assert [list(map(list, mask_runs(batch.batch["response_mask"][i]))) for i in range(len(batch))] == spans
+
+
+def test_pools_run_in_the_configured_order_with_one_update_each(rollouts):
+    actor = RecordingActor()
+    metrics = seeupo_step(batch_of(rollouts), actor, VerlSeeUPOConfig(order="reverse"))
+    assert metrics["seeupo/turn_pools"] == 3.0
+    assert [c for c in actor.calls if c[0] == "update_actor"] == [
+        ("update_actor", sum(e - s for row in recorded(rollouts) if len(row) >= t for s, e in [row[t - 1]])) for t in (3, 2, 1)]
+    assert "seeupo/turn3/actor/odd" not in metrics
+    # the batch carries no old log-probs: once, then the ratios after pools 3 and 2 (pool 1 has no later pool)
+    assert actor.calls.count("compute_log_prob") == 3
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"order": "sideways"}, "order"), ({"normalization": "rank"}, "normalization"), ({"m_clip": [1.1, 1.2]}, "m_clip"),
+     ({"old_policy": "never"}, "old_policy"), ({"sequential_update": True}, "no option")],
+)
+def test_bad_seeupo_options_are_refused_in_one_line(options, message):
+    with pytest.raises(ValueError, match=message):
+        VerlSeeUPOConfig.from_mapping(options)
+
+
+@pytest.mark.parametrize(
+    "actor_options, message",
+    [({"policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "seq-mean-token-mean"}, "loss_mode=gspo"),
+     ({"policy_loss": {"loss_mode": "gspo"}, "loss_agg_mode": "token-mean"}, "seq-mean-token-mean"),
+     ({"policy_loss": {"loss_mode": "gspo"}, "loss_agg_mode": "seq-mean-token-mean", "ppo_epochs": 2}, "ppo_epochs")],
+)
+def test_actor_options_seeupo_cannot_honour_are_refused(actor_options, message):
+    with pytest.raises(ValueError, match=message):
+        check_actor_options(actor_options)
+
+
+# ----------------------------------------------------- verl's v1 rows (TransferQueue layout)
+
+
+def tq_rows(rollouts, mutate=None):
+    """The rollouts as verl's v1 trainer holds them: `list_of_dict_to_tensordict`, the function
+    verl's TransferQueue agent loop stores its outputs with (unpadded, nested per row)."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    rows = seeupo_in_verl.verl_rows(rollouts[0])
+    for row in rows:
+        row["old_log_probs"] = torch.zeros(len(row["responses"]))
+    if mutate:
+        mutate(rows)
+    keys = [f"{row['uid']}_s{k}_0" for k, row in enumerate(rows)]
+    return list_of_dict_to_tensordict(rows), keys
+
+
+def test_verls_v1_rows_read_as_the_same_padded_batch_the_parity_step_takes(rollouts):
+    from seeupo_gym.integrations.verl.trainer import dataproto_from_rows
+
+    rows, keys = tq_rows(rollouts)
+    data = dataproto_from_rows(rows, keys, rollouts[1])
+    reference = batch_of(rollouts)
+    for name in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "token_level_scores"):
+        assert torch.equal(data.batch[name], reference.batch[name]), name
+    assert list(data.non_tensor_batch["uid"]) == list(reference.non_tensor_batch["uid"])
+    assert turn_spans(data) == turn_spans(reference)
+
+
+def test_an_agent_loop_with_several_outputs_per_session_is_refused(rollouts):
+    from seeupo_gym.integrations.verl.trainer import dataproto_from_rows
+
+    rows, keys = tq_rows(rollouts)
+    keys[1] = keys[0][:-1] + "1"  # a second output of session 0
+    with pytest.raises(ValueError, match="one output per episode"):
+        dataproto_from_rows(rows, keys, rollouts[1])
+
+
+@pytest.mark.parametrize("extra", ({"turn_spans": "0:5"}, {"turn_spans": [[0, 10**9]]}, {"turn_spans": [[0, 2], [1, 3]]}))
+def test_hostile_extra_fields_from_an_agent_loop_are_one_line_errors_and_nothing_runs(rollouts, extra):
+    from seeupo_gym.integrations.verl.trainer import dataproto_from_rows
+
+    def plant(rows):
+        for row in rows:
+            row["extra_fields"] = dict(extra)
+
+    rows, keys = tq_rows(rollouts, plant)
+    actor = RecordingActor()
+    with pytest.raises(ValueError) as err:
+        seeupo_step(dataproto_from_rows(rows, keys, rollouts[1]), actor, VerlSeeUPOConfig())
+    assert "\n" not in str(err.value) and actor.calls == []
+
+
+def test_rows_without_recorded_spans_fall_back_to_the_response_mask_runs(rollouts):
+    from seeupo_gym.integrations.verl.trainer import dataproto_from_rows
+
+    rows, keys = tq_rows(rollouts, lambda rows: [row.update(extra_fields={"turn_spans": None}) for row in rows])
+    data = dataproto_from_rows(rows, keys, rollouts[1])
+    assert "turn_spans" not in data.non_tensor_batch
+    assert turn_spans(data) == turn_spans(batch_of(rollouts))
+
+
+def test_verl_registers_seeupos_estimator_and_it_gives_each_row_its_initial_m(rollouts):
+    from verl.trainer.ppo import core_algos
+
+    from seeupo_gym.algorithms import core
+    from seeupo_gym.integrations.verl import trainer  # noqa: F401  (registers on import)
+
+    batch = batch_of(rollouts)
+    estimator = core_algos.get_adv_estimator_fn("seeupo")
+    advantages, returns = estimator(token_level_rewards=batch.batch["token_level_scores"],
+                                    response_mask=batch.batch["response_mask"], index=batch.non_tensor_batch["uid"],
+                                    config={"seeupo": {"normalization": "group"}})
+    rewards = torch.tensor([r for _, r, _ in seeupo_in_verl.ROLLOUTS], dtype=torch.float64)
+    expected = core.group_advantages(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), "group").float()
+    assert torch.allclose(advantages, expected[:, None] * batch.batch["response_mask"])
+    assert torch.equal(advantages, returns)
+
+
+# --------------------------------------------------------------------------- the launcher
+
+
+def launch(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "seeupo_gym.integrations.verl", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_launcher_help_lists_seeupos_options():
+    result = launch("--help")
+    assert result.returncode == 0
+    for option in ("algorithm.seeupo.order", "algorithm.seeupo.normalization", "algorithm.seeupo.m_clip",
+                   "algorithm.seeupo.old_policy"):
+        assert option in result.stdout
+
+
+def test_launcher_composes_verls_config_with_seeupos_options(capsys):
+    from seeupo_gym.integrations.verl.__main__ import main
+
+    code = main(["--print-config", "actor_rollout_ref.rollout.n=8", "algorithm.seeupo.order=natural",
+                 "algorithm.seeupo.m_clip=[0.8,1.2]", "actor_rollout_ref.actor.optim.lr=1e-6"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    assert "order='natural'" in out.out and "m_clip=(0.8, 1.2)" in out.out
+    assert "actor_rollout_ref.actor.optim.lr=1e-06" in out.out
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    (["algorithm.seeupo.order=sideways"], "order must be one of"),
+    (["algorithm.seeupo.bogus=1"], "no SeeUPO option"),
+    (["actor_rollout_ref.actor.loss_agg_mode=token-mean"], "seq-mean-token-mean"),
+    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=1"),
+    (["algorithm.adv_estimator=grpo"], "must stay seeupo"),
+    (["trainer.v1.trainer_mode=sync"], "must stay seeupo"),
+    (["actor_rollout_ref.actor.entropy_coeff=0.01"], "entropy"),
+    (["--frob"], "unknown flag"),
+    (["actor_rollout_ref.nope.x=1"], ""),
+])
+def test_launcher_refuses_what_seeupo_cannot_honour_in_one_line(overrides, message, capsys):
+    from seeupo_gym.integrations.verl.__main__ import main
+
+    code = main(["--print-config", *(["actor_rollout_ref.rollout.n=8"] if "rollout.n" not in overrides[0] else []), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("seeupo verl:")]
+    assert len(lines) == 1 and message in lines[0], err[-1500:]
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_paper_run_script_builds_its_data_and_its_config_passes_every_check(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "verl_seeupo_paper.sh"
+    env = {**os.environ, "PYTHON": sys.executable, "SEEUPO_VERL_DATA": str(tmp_path)}
+    result = subprocess.run(["bash", str(script), "bfcl", "--print-config"], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "order='reverse'" in result.stdout and "actor_rollout_ref.rollout.n=8" in result.stdout
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.002" in result.stdout and "data.train_batch_size=32" in result.stdout
+    import pandas as pd
+
+    assert len(pd.read_parquet(tmp_path / "bfcl_train.parquet")) == 100
