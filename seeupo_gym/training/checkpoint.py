@@ -1,8 +1,9 @@
 """Checkpoints: one save and load pair for resuming, and the Hugging Face folder users load.
 
 A checkpoint `runs/<run>/checkpoints/step-N/` holds
-- accelerate's state (weights, optimizers, RNG states of every process) plus the trainer's
-  step and config: `load_checkpoint` resumes from it exactly;
+- accelerate's state (weights in safetensors; optimizers and RNG states of every process, which
+  accelerate loads with `torch.load(weights_only=True)`) and `trainer_state.json` (the trainer's
+  step, config and run id, the algorithm's state): `load_checkpoint` resumes from it exactly;
 - `config.yaml`, the run's config;
 - `hf/`: what `AutoModelForCausalLM.from_pretrained` and vLLM load (config.json, safetensors,
   tokenizer) for full fine-tuning; for LoRA, `adapter/`: the peft adapter with
@@ -15,11 +16,19 @@ Runs never mix: a run folder holds one run, named by the run id in its `run_id.j
 checkpoint (its own `run_id.json`) and every line of `metrics.jsonl` carries that id.
 `open_run_folder` refuses a folder that already holds a run unless the run resumes from one of
 that run's own checkpoints.
+
+A checkpoint folder may come from someone else: loading one never unpickles (a pickle runs code).
+Nothing is registered with accelerate's `register_for_checkpointing`, whose
+`custom_checkpoint_N.pkl` it loads with `weights_only=False`; a folder holding such a file (written
+by seeupo-gym before trainer_state.json) or a loader's pickle (torch.distributed.checkpoint's
+`.metadata`, DeepSpeed's files) is refused with one line before anything is read.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import shutil
 import uuid
 from datetime import datetime, timezone
@@ -36,6 +45,12 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_FOLDER = "checkpoints"
 # What a run writes into its folder (`clear_run_folder` removes exactly these).
 RUN_OUTPUTS = (RUN_FILE, METRICS_FILE, "config.yaml", CHECKPOINTS_FOLDER, "logs")
+TRAINER_STATE_FILE = "trainer_state.json"
+_TRAINER_STATE_MAX_BYTES = 16 << 20  # a config and a few numbers; never a reason to read a huge file
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint folder that cannot be resumed (one line: which folder, which file, why)."""
 
 
 def new_run_id() -> str:
@@ -139,9 +154,12 @@ def base_model_reference(name_or_path: str) -> str:
 
 
 def save_checkpoint(
-    accelerator: Any, model: Any, tokenizer: Any, config: Config, root: Path, step: int, run_id: str | None = None
+    accelerator: Any, model: Any, tokenizer: Any, config: Config, root: Path, step: int, run_id: str | None = None,
+    trainer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `root/step-<step>` (see the module doc); every process must call it. Returns the folder."""
+    """Write `root/step-<step>` (see the module doc); every process must call it. Returns the folder.
+
+    trainer_state: what `load_checkpoint` returns on resume (plain JSON values)."""
     final = root / f"{CHECKPOINT_PREFIX}{step}"
     partial = final.with_name(final.name + ".partial")
     if accelerator.is_main_process and partial.exists():
@@ -161,6 +179,7 @@ def save_checkpoint(
             unwrapped.save_pretrained(partial / HF_FOLDER, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(partial / HF_FOLDER)
         save_config(config, partial / "config.yaml")
+        (partial / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state or {}, indent=1) + "\n")
         if run_id is not None:
             write_run_file(partial, run_id, step=step)
         if final.exists():
@@ -172,9 +191,79 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(accelerator: Any, path: Path) -> None:
-    """Restore weights, optimizers, RNG states and the registered trainer state from `path`."""
-    accelerator.load_state(str(path))
+def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
+    """Restore weights, optimizers and RNG states from `path`; returns its trainer state
+    (`save_checkpoint`'s trainer_state). Never unpickles: see the module doc."""
+    from accelerate.utils import load as restricted_load
+
+    path = Path(path)
+    refuse_pickles(path)
+    state = read_trainer_state(path)
+    # accelerate swallows a failure to load the RNG states (a resumed run would silently differ):
+    # the same restricted load here first turns one into an error.
+    rng = path / f"random_states_{accelerator.process_index}.pkl"
+    for file, what in ((rng, "RNG states"),):
+        if file.is_file():
+            try:
+                restricted_load(file)
+            except Exception as error:
+                raise CheckpointError(f"checkpoint {str(path)!r}: {file.name} ({what}) does not load as plain tensor "
+                                      f"data, refused: {_first_line(error)}") from error
+    try:
+        accelerator.load_state(str(path))
+    except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError) as error:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not load (weights, optimizer or RNG states; only "
+                              f"plain tensor data is accepted): {_first_line(error)}") from error
+    return state
+
+
+# Files only a full unpickler reads: accelerate's registered objects (weights_only=False),
+# torch.distributed.checkpoint's metadata, DeepSpeed's checkpoint folders.
+_PICKLED = re.compile(r"^(custom_checkpoint_\d+\.pkl|\.metadata|.*_optim_states\.pt|mp_rank_.*\.pt)$")
+
+
+def refuse_pickles(path: Path) -> None:
+    """Raise CheckpointError if `path` holds a file that resuming would fully unpickle."""
+    for file in sorted(Path(path).rglob("*")):
+        if not _PICKLED.match(file.name):
+            continue
+        relative = file.relative_to(path)
+        if file.name.startswith("custom_checkpoint_"):
+            why = (f"{relative} is trainer state in a pickle (seeupo-gym before {TRAINER_STATE_FILE}), which resume "
+                   f"never loads since a pickle runs code; start a new run from its weights instead "
+                   f"(model.name_or_path={path / HF_FOLDER})")
+        else:
+            why = (f"{relative} is a sharded (FSDP DCP or DeepSpeed) checkpoint's pickled metadata, which resume never "
+                   f"loads since a pickle runs code; save with FSDP's FULL_STATE_DICT (fsdp_state_dict_type) instead")
+        raise CheckpointError(f"checkpoint {str(path)!r}: {why}")
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The checkpoint's `trainer_state.json`: {"trainer": {"step": N, ...}, "algorithm": {...}}."""
+    file = Path(path) / TRAINER_STATE_FILE
+    if file.is_symlink() or not file.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} holds no {TRAINER_STATE_FILE} (not a checkpoint of this "
+                              f"trainer, or an unfinished one)")
+    try:
+        with file.open("rb") as f:
+            text = f.read(_TRAINER_STATE_MAX_BYTES + 1)
+        if len(text) > _TRAINER_STATE_MAX_BYTES:
+            raise ValueError(f"over {_TRAINER_STATE_MAX_BYTES} bytes")
+        state = json.loads(text)
+    except (OSError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {TRAINER_STATE_FILE} is not readable JSON: "
+                              f"{_first_line(error)}") from error
+    trainer = state.get("trainer") if isinstance(state, dict) else None
+    step = trainer.get("step") if isinstance(trainer, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(state.get("algorithm", {}), dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {TRAINER_STATE_FILE} must hold "
+                              '{"trainer": {"step": N >= 0, ...}, "algorithm": {...}}')
+    return state
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 def _record_base(adapter_dir: Path, base: str) -> None:
@@ -194,15 +283,26 @@ def load_policy(config: Config, checkpoint: str | Path | None = None) -> tuple[A
         return load_model(config.model.name_or_path, dtype=config.model.dtype, seed=config.train.seed)
     folder = Path(checkpoint)
     if (folder / HF_FOLDER).is_dir():
+        _require_safetensors(folder, HF_FOLDER, "model")
         return load_model(str(folder / HF_FOLDER), dtype=config.model.dtype)
     if (folder / ADAPTER_FOLDER).is_dir():
         from peft import PeftModel
 
+        _require_safetensors(folder, ADAPTER_FOLDER, "adapter_model")
         model, tokenizer = load_model(config.model.name_or_path, dtype=config.model.dtype, seed=config.train.seed)
         model = PeftModel.from_pretrained(model, folder / ADAPTER_FOLDER)
         model.eval()
         return model, tokenizer
     raise ConfigError(f"checkpoint {str(folder)!r} holds neither {HF_FOLDER}/ nor {ADAPTER_FOLDER}/")
+
+
+def _require_safetensors(folder: Path, sub: str, stem: str) -> None:
+    """A checkpoint's weights are safetensors only (what `save_checkpoint` writes): transformers and
+    peft would otherwise fall back to a pickled `.bin`, and a checkpoint may come from anyone."""
+    pickled = sorted(p.name for p in (folder / sub).iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+    if pickled:
+        raise CheckpointError(f"checkpoint {str(folder)!r}: {sub}/{pickled[0]} is a pickle, which is never loaded "
+                              f"since a pickle runs code; a checkpoint's weights are safetensors ({sub}/{stem}.safetensors)")
 
 
 def export_merged(config: Config, checkpoint: str | Path, out: str | Path) -> Path:

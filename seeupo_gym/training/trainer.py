@@ -54,7 +54,8 @@ _ROLLOUT, _UPDATE, _EVAL = 0, 1, 2
 
 @dataclasses.dataclass
 class TrainerState:
-    """The trainer's own part of a checkpoint (accelerate saves weights, optimizers and RNGs)."""
+    """The trainer's own part of a checkpoint, in its trainer_state.json (accelerate saves weights,
+    optimizers and RNGs)."""
 
     step: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -164,10 +165,8 @@ class Trainer:
 
         policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
+        # Saved beside accelerate's state as JSON (`checkpoint.py`), never registered with accelerate (a pickle).
         self.state = TrainerState(step=0, config=config.to_dict(), run_id=run_id)
-        accelerator.register_for_checkpointing(self.state)
-        if self.algorithm.state_dict():  # e.g. the adaptive KL coefficient of use_kl_in_reward
-            accelerator.register_for_checkpointing(self.algorithm)
         if config.log.trackers:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
@@ -503,16 +502,26 @@ class Trainer:
         self.last_checkpoint = ckpt.save_checkpoint(
             self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step,
             run_id=self.state.run_id,
+            # The algorithm's own state: e.g. the adaptive KL coefficient of use_kl_in_reward.
+            trainer_state={"trainer": self.state.state_dict(), "algorithm": self.algorithm.state_dict()},
         )
         return self.last_checkpoint
 
     def resume(self, path: Path) -> None:
         """Load a checkpoint folder (chosen and checked by `_open_run_folder`); the run keeps its own id."""
         run_id = self.state.run_id
-        ckpt.load_checkpoint(self.accelerator, path)
+        saved = ckpt.load_checkpoint(self.accelerator, path)
+        try:
+            self.state.load_state_dict(saved["trainer"])
+            if saved.get("algorithm"):
+                self.algorithm.load_state_dict(saved["algorithm"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"checkpoint {str(path)!r}: {ckpt.TRAINER_STATE_FILE} does not fit this trainer: "
+                              f"{type(error).__name__}: {error}") from error
         self.state.run_id = run_id
         self.sync_weights()
-        saved_algorithm = self.state.config.get("algorithm", {}).get("name")
+        saved_section = self.state.config.get("algorithm")
+        saved_algorithm = saved_section.get("name") if isinstance(saved_section, dict) else None
         if saved_algorithm and saved_algorithm != self.algorithm.name:
             logger.warning("resuming a %s checkpoint with algorithm %s", saved_algorithm, self.algorithm.name)
         if self.is_main and self.metrics_path.exists():
