@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from seeupo_gym.training.config import Config, ConfigError, save_config
+from seeupo_gym.training.run_files import refuse_links, write_run_text
 
 CHECKPOINT_PREFIX = "step-"
 HF_FOLDER = "hf"
@@ -82,6 +83,8 @@ def open_run_folder(folder: Path, resume_from: str | None) -> tuple[str, Path | 
       run (a new run that starts from it: a fork, with a run id of its own).
     """
     folder = Path(folder)
+    if folder.is_dir():
+        refuse_links(folder)  # before anything in it is read (`run_files.py`)
     taken = holds_a_run(folder)
     folder_id = run_id_of(folder)
     shown = f"run {folder_id}" if folder_id else "a run"
@@ -121,14 +124,14 @@ def open_run_folder(folder: Path, resume_from: str | None) -> tuple[str, Path | 
 
 def write_run_file(folder: Path, run_id: str, **extra: object) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / RUN_FILE).write_text(json.dumps({"run_id": run_id, **extra}, indent=2, default=str) + "\n")
+    write_run_text(folder / RUN_FILE, json.dumps({"run_id": run_id, **extra}, indent=2, default=str) + "\n")
 
 
 def clear_run_folder(folder: Path) -> None:
     """Remove what a run wrote into `folder` (RUN_OUTPUTS), and nothing else."""
     for name in RUN_OUTPUTS:
         path = Path(folder) / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():  # a link goes, never what it points at
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
@@ -179,7 +182,7 @@ def save_checkpoint(
             unwrapped.save_pretrained(partial / HF_FOLDER, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(partial / HF_FOLDER)
         save_config(config, partial / "config.yaml")
-        (partial / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state or {}, indent=1) + "\n")
+        write_run_text(partial / TRAINER_STATE_FILE, json.dumps(trainer_state or {}, indent=1) + "\n")
         if run_id is not None:
             write_run_file(partial, run_id, step=step)
         if final.exists():

@@ -637,4 +637,7 @@ def check_group_size(config: Config, algorithm: type) -> None:
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    """The config as YAML at `path` (a run folder's config.yaml: never written through a link)."""
+    from seeupo_gym.training.run_files import write_run_text
+
+    write_run_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from seeupo_gym.training.config import (
 from seeupo_gym.training.interrupts import Interrupts
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.rollouts import RolloutLog
+from seeupo_gym.training.run_files import open_run_file, write_run_text
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
@@ -488,7 +490,7 @@ class Trainer:
         if self.config.log.trackers:
             self.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
         if self.is_main:
-            with open(self.metrics_path, "a") as f:
+            with open_run_file(self.metrics_path, "a") as f:
                 f.write(json.dumps({**record, "run_id": self.state.run_id}) + "\n")
 
     # ------------------------------------------------------------------ checkpoints
@@ -526,9 +528,8 @@ class Trainer:
             logger.warning("resuming a %s checkpoint with algorithm %s", saved_algorithm, self.algorithm.name)
         if self.is_main and self.metrics_path.exists():
             # Records past the checkpoint belong to the lost part of the run: drop them.
-            kept = [line for line in self.metrics_path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= self.state.step]
-            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+            kept = [line for line in self.metrics_path.read_text().splitlines() if _record_step(line) <= self.state.step]
+            write_run_text(self.metrics_path, "".join(line + "\n" for line in kept))
         if self.rollout_log is not None:
             self.rollout_log.truncate(self.state.step)
         logger.info("resumed from %s at step %d", path, self.state.step)
@@ -547,6 +548,15 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _record_step(line: str) -> float:
+    """The step of a metrics.jsonl line; inf (dropped on resume) for a blank or damaged one."""
+    try:
+        record = json.loads(line)
+        return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
+    except (ValueError, TypeError):
+        return math.inf
 
 
 def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
