@@ -129,3 +129,18 @@ def test_a_checkpoint_holds_no_pickle_of_the_trainer(saved_run):
     assert not list(step1.glob("custom_checkpoint_*"))
     state = json.loads((step1 / TRAINER_STATE_FILE).read_text())
     assert state["trainer"]["step"] == 1 and state["trainer"]["run_id"]
+
+
+def test_a_fork_from_a_checkpoint_hiding_a_payload_behind_a_link_is_refused(run_copy, tmp_path):
+    """A checkpoint outside the run folder (resume_from=PATH into a new folder): a linked subfolder
+    would hide its pickle from the scan; links in a checkpoint are refused outright."""
+    marker = tmp_path / "marker"
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    step1 = checkpoints(run_copy / "checkpoints")[-1]
+    (step1 / "pytorch_model_fsdp_0").symlink_to(hidden)
+    with pytest.raises(ConfigError, match="pytorch_model_fsdp_0' is a symbolic link"):
+        with Trainer(tiny_config(tmp_path / "fork", "train.steps=2", f"resume_from={step1}", "env.kwargs={max_turns: 1}")):
+            pass
+    assert not marker.exists()

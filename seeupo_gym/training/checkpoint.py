@@ -200,18 +200,18 @@ def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
     from accelerate.utils import load as restricted_load
 
     path = Path(path)
+    refuse_links(path)  # a fork's checkpoint may lie outside the run folder, which was checked
     refuse_pickles(path)
     state = read_trainer_state(path)
     # accelerate swallows a failure to load the RNG states (a resumed run would silently differ):
     # the same restricted load here first turns one into an error.
     rng = path / f"random_states_{accelerator.process_index}.pkl"
-    for file, what in ((rng, "RNG states"),):
-        if file.is_file():
-            try:
-                restricted_load(file)
-            except Exception as error:
-                raise CheckpointError(f"checkpoint {str(path)!r}: {file.name} ({what}) does not load as plain tensor "
-                                      f"data, refused: {_first_line(error)}") from error
+    if rng.is_file():
+        try:
+            restricted_load(rng)
+        except Exception as error:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {rng.name} (RNG states) does not load as plain tensor "
+                                  f"data, refused: {_first_line(error)}") from error
     try:
         accelerator.load_state(str(path))
     except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError) as error:
@@ -244,7 +244,7 @@ def refuse_pickles(path: Path) -> None:
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """The checkpoint's `trainer_state.json`: {"trainer": {"step": N, ...}, "algorithm": {...}}."""
     file = Path(path) / TRAINER_STATE_FILE
-    if file.is_symlink() or not file.is_file():
+    if not file.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} holds no {TRAINER_STATE_FILE} (not a checkpoint of this "
                               f"trainer, or an unfinished one)")
     try:
