@@ -144,3 +144,30 @@ def test_a_fork_from_a_checkpoint_hiding_a_payload_behind_a_link_is_refused(run_
         with Trainer(tiny_config(tmp_path / "fork", "train.steps=2", f"resume_from={step1}", "env.kwargs={max_turns: 1}")):
             pass
     assert not marker.exists()
+
+
+def test_dcp_metadata_is_read_only_when_it_is_dcps_own(tmp_path):
+    """FSDP2 saves sharded state with torch.distributed.checkpoint, which loads `.metadata` with
+    pickle.load: a real one passes the check, one with any other global is refused unrun."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from seeupo_gym.training.checkpoint import refuse_pickles
+
+    state = {"model": {"w": torch.randn(3, 4), "b": torch.zeros(2, dtype=torch.bfloat16)},
+             "optim": {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.randn(3)}},
+                       "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.99), "params": [0], "name": None}]}}
+    real = tmp_path / "ckpt" / "pytorch_model_fsdp_0"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group": one process
+        dcp.save(state, checkpoint_id=str(real))
+    refuse_pickles(tmp_path / "ckpt")  # DCP's own metadata: accepted
+
+    marker = tmp_path / "marker"
+    metadata = pickle.loads((real / ".metadata").read_bytes())
+    metadata.storage_meta.modules = [Payload(marker)]  # one hostile object deep inside
+    (real / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=r"builtins\.exec is not part of DCP's metadata"):
+        refuse_pickles(tmp_path / "ckpt")
+    assert not marker.exists()

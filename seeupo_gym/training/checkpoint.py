@@ -17,11 +17,13 @@ checkpoint (its own `run_id.json`) and every line of `metrics.jsonl` carries tha
 `open_run_folder` refuses a folder that already holds a run unless the run resumes from one of
 that run's own checkpoints.
 
-A checkpoint folder may come from someone else: loading one never unpickles (a pickle runs code).
-Nothing is registered with accelerate's `register_for_checkpointing`, whose
-`custom_checkpoint_N.pkl` it loads with `weights_only=False`; a folder holding such a file (written
-by seeupo-gym before trainer_state.json) or a loader's pickle (torch.distributed.checkpoint's
-`.metadata`, DeepSpeed's files) is refused with one line before anything is read.
+A checkpoint folder may come from someone else: loading one never runs a pickle's code. Torch
+state is read with `torch.load(weights_only=True)`; nothing is registered with accelerate's
+`register_for_checkpointing`, whose `custom_checkpoint_N.pkl` it loads with `weights_only=False`;
+a folder holding such a file (written
+by seeupo-gym before trainer_state.json), a DeepSpeed pickle, or a torch.distributed.checkpoint
+`.metadata` holding more than DCP's own metadata classes is refused with one line before
+anything is read.
 """
 
 from __future__ import annotations
@@ -220,24 +222,54 @@ def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
     return state
 
 
-# Files only a full unpickler reads: accelerate's registered objects (weights_only=False),
-# torch.distributed.checkpoint's metadata, DeepSpeed's checkpoint folders.
+# Files only a full unpickler reads: accelerate's registered objects (weights_only=False) and
+# DeepSpeed's checkpoint files are refused; torch.distributed.checkpoint's `.metadata` (FSDP2's
+# default sharded save, read with pickle.load) is checked first by `_DcpMetadataUnpickler`.
 _PICKLED = re.compile(r"^(custom_checkpoint_\d+\.pkl|\.metadata|.*_optim_states\.pt|mp_rank_.*\.pt)$")
+_DCP_METADATA = ".metadata"
+_DCP_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict"),
+})
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    """Builds only what DCP's metadata is made of (its dataclasses, torch sizes, dtypes and layouts,
+    paths): any other global, the only way a pickle runs code, is refused before it is called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in _DCP_GLOBALS or (module == "torch" and isinstance(torch.__dict__.get(name), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
 
 
 def refuse_pickles(path: Path) -> None:
-    """Raise CheckpointError if `path` holds a file that resuming would fully unpickle."""
+    """Raise CheckpointError if `path` holds a file that resuming would unpickle beyond plain data."""
     for file in sorted(Path(path).rglob("*")):
         if not _PICKLED.match(file.name):
             continue
         relative = file.relative_to(path)
-        if file.name.startswith("custom_checkpoint_"):
+        if file.name == _DCP_METADATA:
+            try:
+                with file.open("rb") as f:
+                    _DcpMetadataUnpickler(f).load()
+                continue
+            except Exception as error:  # anything but DCP's own metadata: refused, whatever the reason
+                why = (f"{relative} (torch.distributed.checkpoint's metadata) holds more than DCP's metadata, refused "
+                       f"since a pickle runs code: {_first_line(error)}")
+        elif file.name.startswith("custom_checkpoint_"):
             why = (f"{relative} is trainer state in a pickle (seeupo-gym before {TRAINER_STATE_FILE}), which resume "
                    f"never loads since a pickle runs code; start a new run from its weights instead "
                    f"(model.name_or_path={path / HF_FOLDER})")
         else:
-            why = (f"{relative} is a sharded (FSDP DCP or DeepSpeed) checkpoint's pickled metadata, which resume never "
-                   f"loads since a pickle runs code; save with FSDP's FULL_STATE_DICT (fsdp_state_dict_type) instead")
+            why = (f"{relative} is a DeepSpeed checkpoint's pickle, which resume never loads since a pickle runs "
+                   f"code; save with FSDP or one process instead")
         raise CheckpointError(f"checkpoint {str(path)!r}: {why}")
 
 
