@@ -24,6 +24,7 @@ from seeupo_gym.training.checkpoint import (
     CheckpointError,
     checkpoints,
     load_policy,
+    read_trainer_state,
 )
 from seeupo_gym.training.config import ConfigError
 from seeupo_gym.training.trainer import Trainer
@@ -105,11 +106,17 @@ def test_seeupo_train_resume_of_an_old_checkpoint_is_one_line_and_exit_2(run_cop
     assert len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("body", ["[1, 2]", '{"trainer": {"step": -1}}', '{"trainer": {"step": "1"}}', "{" * 100000])
+@pytest.mark.parametrize("body", ["[1, 2]", '{"trainer": {"step": -1}}', '{"trainer": {"step": "1"}}', "{" * 100000,
+                                  '{"trainer": {"step": 1}, "algorithm": []}', "\x00" * 100])
 def test_a_malformed_trainer_state_is_refused(run_copy, body):
-    (checkpoints(run_copy / "checkpoints")[-1] / TRAINER_STATE_FILE).write_text(body)
-    with pytest.raises(CheckpointError, match=TRAINER_STATE_FILE):
-        resume(run_copy)
+    step1 = checkpoints(run_copy / "checkpoints")[-1]
+    (step1 / TRAINER_STATE_FILE).write_text(body)
+    with pytest.raises(CheckpointError, match=TRAINER_STATE_FILE) as refused:
+        read_trainer_state(step1)
+    assert "\n" not in str(refused.value)
+    if body == "[1, 2]":  # and through the trainer's door
+        with pytest.raises(CheckpointError, match=TRAINER_STATE_FILE):
+            resume(run_copy)
 
 
 def test_the_policy_loaders_refuse_pickled_weights_in_hf(run_copy, tmp_path):
