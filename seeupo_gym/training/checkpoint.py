@@ -264,9 +264,10 @@ def refuse_pickles(path: Path) -> None:
                 why = (f"{relative} (torch.distributed.checkpoint's metadata) holds more than DCP's metadata, refused "
                        f"since a pickle runs code: {_first_line(error)}")
         elif file.name.startswith("custom_checkpoint_"):
+            weights = path / HF_FOLDER if (path / HF_FOLDER).is_dir() else f"<the folder `seeupo-export {path} OUT` writes>"
             why = (f"{relative} is trainer state in a pickle (seeupo-gym before {TRAINER_STATE_FILE}), which resume "
                    f"never loads since a pickle runs code; start a new run from its weights instead "
-                   f"(model.name_or_path={path / HF_FOLDER})")
+                   f"(model.name_or_path={weights})")
         else:
             why = (f"{relative} is a DeepSpeed checkpoint's pickle, which resume never loads since a pickle runs "
                    f"code; save with FSDP or one process instead")
