@@ -16,6 +16,7 @@ passed to that algorithm's config class, which names its own allowed options.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import re
@@ -286,9 +287,39 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+def _refuse_aliases(self: _Yaml12Loader, parent: Any, index: Any) -> Any:
+    # An alias shares a node: nine nested ones (a 651-byte "billion laughs") expand to 10**9
+    # values in every walk of the result (validation, merging, --print-config). No config needs one.
+    if self.check_event(yaml.AliasEvent):
+        event = self.peek_event()
+        raise yaml.composer.ComposerError(None, None, f"YAML aliases (*{event.anchor}) are not accepted in configs; "
+                                          "write the value out", event.start_mark)
+    return yaml.composer.Composer.compose_node(self, parent, index)
+
+
+_Yaml12Loader.compose_node = _refuse_aliases  # type: ignore[method-assign]
+
+# Bounds on what one config reads (its files and their `extends:` graph, each file read once):
+# the presets are a few kB and extend at most three deep.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_EXTENDS_DEPTH = 16
+
+
 def parse_yaml(text: str) -> Any:
-    """A YAML document or scalar, with YAML 1.2 floats (`1e-3`); raises yaml.YAMLError."""
-    return yaml.load(text, Loader=_Yaml12Loader)
+    """A YAML document or scalar, with YAML 1.2 floats (`1e-3`) and no aliases; raises yaml.YAMLError."""
+    try:
+        return yaml.load(text, Loader=_Yaml12Loader)
+    except RecursionError:  # e.g. 100,000 nested `[`: the composer recurses once per level
+        raise yaml.YAMLError("nested too deeply") from None
+
+
+def yaml_error_line(error: yaml.YAMLError) -> str:
+    """A YAML error as one line (PyYAML's own span several, quoting the text)."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return "; ".join(p for p in (error.context, error.problem) if p) + where
+    return " ".join(str(error).split())
 
 
 ConfigPaths = typing.Union[str, Path, Sequence[typing.Union[str, Path]], None]
@@ -309,8 +340,9 @@ def load_raw_config(paths: ConfigPaths = None, overrides: Sequence[str] = ()) ->
     elif isinstance(paths, (str, Path)):
         paths = [paths]
     raw: dict[str, Any] = {}
+    reading = _ConfigReading()
     for path in paths:
-        raw = merge_configs(raw, _read_config_file(path, chain=()))
+        raw = merge_configs(raw, reading.read(path, chain=()))
     for override in overrides:
         apply_override(raw, override)
     return raw
@@ -327,33 +359,63 @@ def merge_configs(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _read_config_file(path: str | Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """One YAML file with its `extends: PRESET_OR_FILE` (or a list of them) merged underneath."""
-    file = resolve_config_path(path)
-    if file.resolve() in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, file.resolve()))
-        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
-    try:
-        loaded = parse_yaml(file.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
-    parents = loaded.pop("extends", None)
-    if parents is None:
-        return loaded
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
-        raise ConfigError(f"config file {str(path)!r}: extends must be a preset name, a file, or a list of them, got {parents!r}")
-    raw: dict[str, Any] = {}
-    for parent in parents:
-        # A relative file is found beside the file that extends it; a bare name may be a preset.
-        beside = file.parent / parent
-        raw = merge_configs(raw, _read_config_file(beside if beside.is_file() else parent, (*chain, file.resolve())))
-    return merge_configs(raw, loaded)
+class _ConfigReading:
+    """The files of one config, each read and resolved once however often the `extends:` graph
+    names it (a diamond of nine files, each extending two others, is nine reads, not 2**9), within
+    MAX_CONFIG_BYTES in all and MAX_EXTENDS_DEPTH deep."""
+
+    def __init__(self) -> None:
+        self.resolved: dict[Path, dict[str, Any]] = {}
+        self.bytes_read = 0
+
+    def read(self, path: str | Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+        """One YAML file with its `extends: PRESET_OR_FILE` (or a list of them) merged underneath."""
+        file = resolve_config_path(path)
+        key = file.resolve()
+        if key in chain:
+            cycle = " -> ".join(str(p) for p in (*chain, key))
+            raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+        if key not in self.resolved:
+            if len(chain) >= MAX_EXTENDS_DEPTH:
+                raise ConfigError(f"config file {str(path)!r}: extends: is nested more than {MAX_EXTENDS_DEPTH} deep "
+                                  f"({' -> '.join(str(p) for p in chain[:3])} -> ...)")
+            self.resolved[key] = self._resolve(path, file, (*chain, key))
+        return copy.deepcopy(self.resolved[key])  # callers merge into and override what they get
+
+    def _resolve(self, path: str | Path, file: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+        try:
+            with file.open("rb") as f:
+                data = f.read(MAX_CONFIG_BYTES - self.bytes_read + 1)
+        except OSError as error:
+            raise ConfigError(f"config file {str(path)!r} cannot be read: {error}") from error
+        self.bytes_read += len(data)
+        if self.bytes_read > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {str(path)!r}: the config's files (with what they extend) exceed "
+                              f"{MAX_CONFIG_BYTES} bytes")
+        try:
+            loaded = parse_yaml(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {error}") from error
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {yaml_error_line(error)}") from error
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(loaded).__name__}")
+        parents = loaded.pop("extends", None)
+        if parents is None:
+            return loaded
+        if isinstance(parents, str):
+            parents = [parents]
+        if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+            raise ConfigError(f"config file {str(path)!r}: extends must be a preset name, a file, or a list of them, "
+                              f"got {parents!r}")
+        raw: dict[str, Any] = {}
+        for parent in parents:
+            # A relative file is found beside the file that extends it; a bare name may be a preset.
+            beside = file.parent / parent
+            raw = merge_configs(raw, self.read(beside if beside.is_file() else parent, chain))
+        return merge_configs(raw, loaded)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -365,7 +427,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     try:
         value = parse_yaml(text) if text.strip() else ""
     except yaml.YAMLError as error:
-        raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
+        raise ConfigError(f"override {override!r}: value is not valid YAML: {yaml_error_line(error)}") from error
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -575,4 +637,7 @@ def check_group_size(config: Config, algorithm: type) -> None:
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    """The config as YAML at `path` (a run folder's config.yaml: never written through a link)."""
+    from seeupo_gym.training.run_files import write_run_text
+
+    write_run_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

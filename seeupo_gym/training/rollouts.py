@@ -30,6 +30,7 @@ from typing import Any
 from seeupo_gym.algorithms.base import UpdatePhase
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory
 from seeupo_gym.text import valid_unicode
+from seeupo_gym.training.run_files import open_run_file, write_run_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class RolloutLog:
     def write(self, batch: RolloutBatch, *, step: int, schedule: Sequence[UpdatePhase] = ()) -> None:
         records = batch_records(batch, self.tokenizer, step=step, schedule=schedule)
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        with open(self.path, "ab") as f:
+        with open_run_file(self.path, "ab") as f:
             f.write(gzip.compress(text.encode("utf-8")))
 
     def truncate(self, last_step: int) -> None:
@@ -201,8 +202,8 @@ class RolloutLog:
         kept = [r for r in read_rollouts(self.path) if r.get("step", 0) <= last_step]
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(gzip.compress(text.encode("utf-8")))
-        tmp.replace(self.path)
+        write_run_bytes(tmp, gzip.compress(text.encode("utf-8")))
+        tmp.replace(self.path)  # replaces a link itself, never its target
 
 
 def rollouts_path(run_dir: str | Path) -> Path:
@@ -284,7 +285,7 @@ def export_rollouts(run_dir: str | Path, out: str | Path, fmt: str = "jsonl") ->
     out = Path(out)
     if fmt == "jsonl":
         out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", encoding="utf-8") as f:
+        with open_run_file(out, "w") as f:  # by default beside the run's own rollouts
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         return out

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from seeupo_gym.training.config import (
 from seeupo_gym.training.interrupts import Interrupts
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.rollouts import RolloutLog
+from seeupo_gym.training.run_files import open_run_file, write_run_text
 from seeupo_gym.training.tasks import agent_options, eval_env_kwargs, eval_task_ids, train_task_ids
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,8 @@ _ROLLOUT, _UPDATE, _EVAL = 0, 1, 2
 
 @dataclasses.dataclass
 class TrainerState:
-    """The trainer's own part of a checkpoint (accelerate saves weights, optimizers and RNGs)."""
+    """The trainer's own part of a checkpoint, in its trainer_state.json (accelerate saves weights,
+    optimizers and RNGs)."""
 
     step: int = 0
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -164,10 +167,8 @@ class Trainer:
 
         policy = build_policy(config, accelerator, needs_value_model=self.algorithm.needs_value_model)
         self.model, self.tokenizer, self.learner = policy.model, policy.tokenizer, policy.learner
+        # Saved beside accelerate's state as JSON (`checkpoint.py`), never registered with accelerate (a pickle).
         self.state = TrainerState(step=0, config=config.to_dict(), run_id=run_id)
-        accelerator.register_for_checkpointing(self.state)
-        if self.algorithm.state_dict():  # e.g. the adaptive KL coefficient of use_kl_in_reward
-            accelerator.register_for_checkpointing(self.algorithm)
         if config.log.trackers:
             accelerator.init_trackers(config.log.project_name, config=_flat_hparams(config.to_dict()))
 
@@ -489,7 +490,7 @@ class Trainer:
         if self.config.log.trackers:
             self.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=step)
         if self.is_main:
-            with open(self.metrics_path, "a") as f:
+            with open_run_file(self.metrics_path, "a") as f:
                 f.write(json.dumps({**record, "run_id": self.state.run_id}) + "\n")
 
     # ------------------------------------------------------------------ checkpoints
@@ -503,23 +504,32 @@ class Trainer:
         self.last_checkpoint = ckpt.save_checkpoint(
             self.accelerator, self.model, self.tokenizer, self.config, self.checkpoint_root, self.state.step,
             run_id=self.state.run_id,
+            # The algorithm's own state: e.g. the adaptive KL coefficient of use_kl_in_reward.
+            trainer_state={"trainer": self.state.state_dict(), "algorithm": self.algorithm.state_dict()},
         )
         return self.last_checkpoint
 
     def resume(self, path: Path) -> None:
         """Load a checkpoint folder (chosen and checked by `_open_run_folder`); the run keeps its own id."""
         run_id = self.state.run_id
-        ckpt.load_checkpoint(self.accelerator, path)
+        saved = ckpt.load_checkpoint(self.accelerator, path)
+        try:
+            self.state.load_state_dict(saved["trainer"])
+            if saved.get("algorithm"):
+                self.algorithm.load_state_dict(saved["algorithm"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"checkpoint {str(path)!r}: {ckpt.TRAINER_STATE_FILE} does not fit this trainer: "
+                              f"{type(error).__name__}: {error}") from error
         self.state.run_id = run_id
         self.sync_weights()
-        saved_algorithm = self.state.config.get("algorithm", {}).get("name")
+        saved_section = self.state.config.get("algorithm")
+        saved_algorithm = saved_section.get("name") if isinstance(saved_section, dict) else None
         if saved_algorithm and saved_algorithm != self.algorithm.name:
             logger.warning("resuming a %s checkpoint with algorithm %s", saved_algorithm, self.algorithm.name)
         if self.is_main and self.metrics_path.exists():
             # Records past the checkpoint belong to the lost part of the run: drop them.
-            kept = [line for line in self.metrics_path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= self.state.step]
-            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+            kept = [line for line in self.metrics_path.read_text().splitlines() if _record_step(line) <= self.state.step]
+            write_run_text(self.metrics_path, "".join(line + "\n" for line in kept))
         if self.rollout_log is not None:
             self.rollout_log.truncate(self.state.step)
         logger.info("resumed from %s at step %d", path, self.state.step)
@@ -538,6 +548,15 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _record_step(line: str) -> float:
+    """The step of a metrics.jsonl line; inf (dropped on resume) for a blank or damaged one."""
+    try:
+        record = json.loads(line)
+        return float(record.get("step", 0)) if isinstance(record, dict) else math.inf
+    except (ValueError, TypeError):
+        return math.inf
 
 
 def _flat_hparams(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

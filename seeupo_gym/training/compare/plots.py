@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from seeupo_gym.training.compare.stats import collect_series
+from seeupo_gym.training.run_files import open_run_file
 
 # One marker and line style per label beside its colour: curves that coincide stay visible.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -62,7 +63,8 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     figure = curves_figure(records, labels, k, title, eval_tasks)
-    figure.savefig(path, dpi=110)
+    with open_run_file(path, "wb") as f:  # never through a link planted in the folder
+        figure.savefig(f, format="png", dpi=110)
     plt.close(figure)
 
 
@@ -100,5 +102,6 @@ def plot_scores(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int
     import matplotlib.pyplot as plt
 
     figure = scores_figure(records, labels, k, title)
-    figure.savefig(path, dpi=110)
+    with open_run_file(path, "wb") as f:  # never through a link planted in the folder
+        figure.savefig(f, format="png", dpi=110)
     plt.close(figure)

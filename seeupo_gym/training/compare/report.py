@@ -26,6 +26,7 @@ from seeupo_gym.training.compare.stats import (
     window_width,
 )
 from seeupo_gym.training.config import ConfigError
+from seeupo_gym.training.run_files import refuse_links, write_run_text
 
 # The comparison's own record: command, settings, eval tasks, runs, wall time, failures.
 RUN_INFO = "run.json"
@@ -45,7 +46,7 @@ def combine_run_records(folder: Path, info: dict[str, Any]) -> list[dict[str, An
         records += [{"algorithm": run["label"], "seed": run["seed"], **r} for r in read_records(path / "metrics.jsonl")]
     if not found:  # run folders moved away: fall back on the combined file
         return read_records(folder / "metrics.jsonl")
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_run_text(folder / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     return records
 
 
@@ -156,6 +157,7 @@ def write_report(folder: str | Path) -> Path:
     """report.md, curves.png and summary.json of a compare folder, from its run.json and JSONL."""
     folder = Path(folder)
     info_path = folder / RUN_INFO
+    refuse_links(folder)
     if not info_path.is_file():
         raise ConfigError(f"{str(folder)!r} is not a seeupo-compare folder (no {RUN_INFO})")
     info = json.loads(info_path.read_text())
@@ -239,10 +241,10 @@ def write_report(folder: str | Path) -> Path:
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
         "",
     ]
-    (folder / "report.md").write_text("\n".join(lines))
+    write_run_text(folder / "report.md", "\n".join(lines))
     summary = {"k": k, "wall_seconds": wall, "failures": failures, "every_reward_equal": flat,
                "algorithms": {row.label: dataclasses.asdict(row) for row in rows}}
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_run_text(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return folder / "report.md"
 
 
@@ -379,10 +381,10 @@ def write_models_report(folder: Path, info: dict[str, Any], records: list[dict[s
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
         "",
     ]
-    (folder / "report.md").write_text("\n".join(lines))
+    write_run_text(folder / "report.md", "\n".join(lines))
     summary = {"k": k, "wall_seconds": wall, "failures": failures,
                "models": {row.label: dataclasses.asdict(row) for row in rows}}
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_run_text(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return folder / "report.md"
 
 

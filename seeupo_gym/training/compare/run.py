@@ -26,6 +26,7 @@ from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.training.compare.plan import ComparePlan, ModelRun, ModelsPlan, RunSpec, eval_steps
 from seeupo_gym.training.compare.report import RUN_INFO, write_report
 from seeupo_gym.training.checkpoint import CHECKPOINTS_FOLDER, checkpoints, clear_run_folder
+from seeupo_gym.training.run_files import open_run_file, refuse_links, write_run_text
 from seeupo_gym.training.compare.stats import read_records
 
 logger = logging.getLogger(__name__)
@@ -66,12 +67,13 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "", resu
     from tqdm.auto import tqdm
 
     plan.output_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(plan.output_dir)
     info = _run_info(plan, command)
     if resume:
         check_same_plan(plan.output_dir, info)
-    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
     combined = plan.output_dir / "metrics.jsonl"
-    combined.write_text("")
+    write_run_text(combined, "")
 
     units = sum(_units(run, plan) for run in plan.runs)
     started = time.perf_counter()
@@ -92,7 +94,7 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "", resu
                 info["wall_seconds"] = time.perf_counter() - started
                 info["failures"] = failures
                 info["interrupted"] = name
-                (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+                write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
                 with contextlib.suppress(Exception):  # a report of what is done, if there is enough for one
                     write_report(plan.output_dir)
                 kept = checkpoints(run.folder / CHECKPOINTS_FOLDER)
@@ -109,7 +111,7 @@ def run_all(plan: ComparePlan, *, progress: bool = True, command: str = "", resu
 
     info["wall_seconds"] = time.perf_counter() - started
     info["failures"] = failures
-    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
     write_report(plan.output_dir)
     return plan.output_dir
 
@@ -186,7 +188,7 @@ def _run_one(
     del trainer
     if not plan.save_checkpoints:  # an interrupted and resumed run's checkpoints served their purpose
         shutil.rmtree(run.folder / CHECKPOINTS_FOLDER, ignore_errors=True)
-    (run.folder / RUN_DONE).write_text(json.dumps({"done": True}) + "\n")
+    write_run_text(run.folder / RUN_DONE, json.dumps({"done": True}) + "\n")
 
 
 def _units(run: RunSpec, plan: ComparePlan) -> int:
@@ -221,7 +223,7 @@ def _append_run_records(combined: Path, run: RunSpec) -> None:
     source = run.folder / "metrics.jsonl"
     if not source.is_file():
         return
-    with open(combined, "a") as out:
+    with open_run_file(combined, "a") as out:
         for line in source.read_text().splitlines():
             if line.strip():
                 out.write(json.dumps({"algorithm": run.label, "seed": run.seed, **json.loads(line)}) + "\n")
@@ -253,10 +255,11 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
     from seeupo_gym.training.model_source import evaluate_source, public_url
 
     plan.output_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(plan.output_dir)
     info = _models_info(plan, command)
     if resume:
         check_same_plan(plan.output_dir, info)
-    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
     started = time.perf_counter()
     failures: dict[str, str] = {}
     ev = plan.eval
@@ -299,7 +302,7 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
                 info["wall_seconds"] = time.perf_counter() - started
                 info["failures"] = failures
                 info["interrupted"] = run.label
-                (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+                write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
                 raise CompareInterrupted(getattr(interrupt, "signal_name", "SIGINT"), run.label, 0) from None
             except Exception as error:  # one broken model (or server) must not lose the others
                 logger.exception("model %s failed", run.label)
@@ -314,7 +317,7 @@ def evaluate_models(plan: ModelsPlan, *, progress: bool = True, command: str = "
                     opened.close()
     info["wall_seconds"] = time.perf_counter() - started
     info["failures"] = failures
-    (plan.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_run_text(plan.output_dir / RUN_INFO, json.dumps(info, indent=2, default=str) + "\n")
     write_report(plan.output_dir)
     return plan.output_dir
 
@@ -327,9 +330,9 @@ def _write_model_result(folder: Path, run: ModelRun, result: Any) -> None:
     record = {**eval_record(result, 0), "eval/backend_errors": float(result.backend_errors)}
     if not (run.source.served and run.source.mode == "chat"):  # a chat API's tokens are not counted: n/a
         record["eval/generated_tokens"] = float(result.generated_tokens)
-    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    (folder / "result.json").write_text(json.dumps({"label": run.label, "source": run.source.describe(),
-                                                    **result.to_dict()}, indent=2, default=str) + "\n")
+    write_run_text(folder / "metrics.jsonl", json.dumps(record) + "\n")
+    write_run_text(folder / "result.json", json.dumps({"label": run.label, "source": run.source.describe(),
+                                                       **result.to_dict()}, indent=2, default=str) + "\n")
 
 
 def _models_info(plan: ModelsPlan, command: str) -> dict[str, Any]:
