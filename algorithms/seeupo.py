@@ -16,8 +16,8 @@ denominator: the kit's loss is the mean over D_t, a padded pool's the mean over 
 step on pool t is |D_t|/N of the kit's (exactly, under SGD with one minibatch per pool; nearly the
 same under Adam, which rescales steps). The kit keeps the mean over D_t so that a late pool of a few
 long episodes still takes a full step and its minibatches hold real turns only. M_i starts from the
-trajectory's own GRAE advantage over all N, not a per-turn-index baseline (biased where the policy decides when to stop,
-verl RFC #7244). Tested against Algorithm 1 written out with early ends, both
+trajectory's own GRAE advantage over all N, not a per-turn-index baseline (biased where the policy
+decides when to stop, verl RFC #7244). Tested against Algorithm 1 written out with early ends, both
 orders, on hand-made and sampled TurnBandit `stopping` batches, and the placeholder form with its
 step rescaled by N/|D_t| (tests/test_seeupo_shared_pass.py).
 
