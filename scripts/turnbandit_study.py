@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,10 @@ CONFIGS = [
     StudyConfig("grpo", "grpo", {}),
     StudyConfig("gspo", "gspo", {}),
     StudyConfig("ppo", "ppo", {}),
+    # verl's per-trajectory forms: each trajectory's turns weigh 1/(its number of turns), a length
+    # the policy chooses in the `stopping` variant.
+    StudyConfig("grpo seq-mean-token-mean", "grpo", {"loss_agg": "seq-mean-token-mean", "sequence": "trajectory"}),
+    StudyConfig("gspo trajectory", "gspo", {"sequence": "trajectory"}),
 ]
 
 
@@ -154,6 +159,7 @@ def main() -> None:
     configs = [c for c in CONFIGS if not args.only or c.label in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[list[list[float]]]] = {}
+    load_start = os.getloadavg()[0]
     for config in configs:
         start = time.perf_counter()
         results[config.label] = [run(config, tasks, seed, args) for seed in range(args.seeds)]
@@ -168,7 +174,8 @@ def main() -> None:
         f"TurnBandit `{args.variant}` suite: {len(tasks)} tasks (task seed {args.task_seed}, K={args.options}), "
         f"{args.seeds} seeds, {args.iterations} iterations x {args.rollouts} {args.batches} rollouts per task, "
         f"{args.optimizer} lr {args.lr}, epochs {args.epochs}, minibatch {args.minibatch_size}, kl {args.kl_coef}. "
-        f"'iters to' counts runs that never get there as {args.iterations}.",
+        f"'iters to' counts runs that never get there as {args.iterations}. "
+        f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (J is exact: load changes only the time).",
         "",
         header,
         "|" + "---|" * (1 + 4 * len(kinds)),
