@@ -6,7 +6,11 @@ minibatch size). After every iteration the exact expected return J of each task 
 enumerating joint actions, so the curves carry no evaluation noise.
 
     .venv/bin/python scripts/turnbandit_study.py --out runs/turnbandit_study
-    .venv/bin/python scripts/turnbandit_study.py --variant stopping --batches expected --out ...
+    .venv/bin/python scripts/turnbandit_study.py --variant stopping --num-tasks 9 --iterations 300 --out ...
+    .venv/bin/python scripts/turnbandit_study.py --variant stopping --num-tasks 9 --batches expected \
+        --rollouts 100 --lr 0.1 --minibatch-size 10000 --iterations 100 --seeds 3 --out ...
+
+(the tables of docs/algorithms.md).
 
 writes `results.md` (the table), `results.json` (every curve) and `curves.png` into --out.
 `--batches expected` trains on deterministic batches whose joint-action counts follow the policy
