@@ -94,14 +94,15 @@ def tabular_batch() -> RolloutBatch:
 
 
 def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False, plays: dict | None = None,
-                     pool_lr=None, options: int = 3) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
+                     pool_lr=None, options: int = 3, adam_lr: float | None = None) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
     """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool).
 
     `plays`: rollout_id -> (task index, choices, reward), PLAYS by default. Episodes of different
     lengths (PLAYS' r2: 2 turns, r5: 1): pool t holds the trajectories that reached turn t, and its
     loss is their mean. placeholders=True is the paper's alternative: every trajectory is in every
     pool, one that ended before t as a no-op (no gradient, s = 1), so the loss is divided by all N
-    trajectories instead. `pool_lr(pool size, N)`: pool t's SGD step size (LR by default); `options`: K."""
+    trajectories instead. `pool_lr(pool size, N)`: pool t's SGD step size (LR by default); `options`: K;
+    `adam_lr`: one torch Adam step per pool instead of SGD."""
     PLAYS = plays or globals()["PLAYS"]
     rewards = {rid: r for rid, (_, _, r) in PLAYS.items()}
     groups = {rid: k for rid, (k, _, _) in PLAYS.items()}
@@ -119,17 +120,24 @@ def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False, p
         return torch.log_softmax(table[index[(k, *plays[: t - 1])]], -1)[plays[t - 1]]
 
     start = logits.clone()
+    adam_table = logits.clone().requires_grad_(True)
+    adam = torch.optim.Adam([adam_table], lr=adam_lr) if adam_lr else None
     weights, ratios = [], []
     for position, t in enumerate(order):
         pool = [rid for rid, (_, plays, _) in PLAYS.items() if len(plays) >= t]
         weights.append({rid: m[rid] for rid in pool})
-        table = logits.clone().requires_grad_(True)
+        table = adam_table if adam_lr else logits.clone().requires_grad_(True)
         objective = 0.0
         for rid in pool:
             s = torch.exp(logp(table, rid, t) - logp(start, rid, t))
             objective = objective + torch.minimum(s * m[rid], torch.clamp(s, 1 - CLIP, 1 + CLIP) * m[rid])
         (-objective / (len(PLAYS) if placeholders else len(pool))).backward()
-        logits = logits - (pool_lr(len(pool), len(PLAYS)) if pool_lr else LR) * table.grad
+        if adam_lr:
+            adam.step()
+            adam.zero_grad()
+            logits = adam_table.detach().clone()
+        else:
+            logits = logits - (pool_lr(len(pool), len(PLAYS)) if pool_lr else LR) * table.grad
         # s(y_{i,t}) is read by M_i only if trajectory i has a turn in a later pool (an episode that
         # ended is in none: its M keeps the s = 1 of a placeholder).
         later = [rid for rid in pool if any(len(PLAYS[rid][1]) >= u for u in order[position + 1 :])]
@@ -239,6 +247,18 @@ def test_placeholders_are_the_kits_update_with_each_pools_step_scaled_by_its_sha
     for phase, expected_m, expected_s in zip(algorithm.schedule, weights, ratios):
         assert phase.weights == pytest.approx(expected_m, rel=1e-5)
         assert phase.ratios_after == pytest.approx(expected_s, rel=1e-5)
+
+
+def test_under_adam_the_kits_update_is_the_placeholder_form_where_each_parameter_serves_one_turn():
+    """Adam divides a parameter's step by its gradients' scale: on the tabular policy (one row per
+    context, so per turn) the placeholder form's |D_t|/N vanishes from the update."""
+    policy = TabularPolicy(TASKS, lr=0.1, optimizer="adam")
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP})
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    absent, _, _ = reference_seeupo(policy.index, adam_lr=0.1)
+    with_placeholders, _, _ = reference_seeupo(policy.index, placeholders=True, adam_lr=0.1)
+    torch.testing.assert_close(policy.logits.detach(), absent, atol=1e-6, rtol=1e-6)
+    assert (with_placeholders - absent).abs().max() < 1e-6 < 0.1 < absent.abs().max()
 
 
 @pytest.mark.parametrize("order", ["reverse", "natural"])
