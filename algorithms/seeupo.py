@@ -14,13 +14,14 @@ no tokens, so its s is a constant 1 (no gradient) and its M is never read by a l
 a constant to pool t's objective and nothing to the gradient or to any M. What differs is the
 denominator: the kit's loss is the mean over D_t, a padded pool's the mean over all N, so the paper's
 step on pool t is |D_t|/N of the kit's (exactly, under SGD with one minibatch per pool). Adam
-rescales it away where each parameter serves one turn: the tabular policy's update on the test's
-batch differs by 4e-8 in a 0.22 step (not measured where turns share parameters). The kit keeps the mean over D_t so that a late pool of a few
-long episodes still takes a full step and its minibatches hold real turns only. M_i starts from the
-trajectory's own GRAE advantage over all N, not a per-turn-index baseline (biased where the policy
-decides when to stop, verl RFC #7244). Tested against Algorithm 1 written out with early ends, both
-orders, on hand-made and sampled TurnBandit `stopping` batches, and the placeholder form with its
-step rescaled by N/|D_t| (tests/test_seeupo_shared_pass.py).
+rescales that away where each parameter serves one turn: on the tabular policy the two differ by
+4e-8 in a 0.22 step (not measured where turns share parameters, as an LLM's). The kit keeps the
+mean over D_t so that a late pool of a few long episodes still takes a full step and its
+minibatches hold real turns only. M_i starts from the trajectory's own GRAE advantage over all N,
+not a per-turn-index baseline (biased where the policy decides when to stop, verl RFC #7244).
+Tested against Algorithm 1 written out with early ends, both orders, on hand-made and sampled
+TurnBandit `stopping` batches, and against the placeholder form with its step rescaled by N/|D_t|
+(SGD) or under Adam (tests/test_seeupo_shared_pass.py).
 
 Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
