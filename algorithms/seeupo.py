@@ -18,7 +18,7 @@ rescales that away where each parameter serves one turn: on the tabular policy t
 4e-8 in a 0.22 step (not measured where turns share parameters, as an LLM's). The kit keeps the
 mean over D_t so that a late pool of a few long episodes still takes a full step and its
 minibatches hold real turns only. M_i starts from the trajectory's own GRAE advantage over all N,
-not a per-turn-index baseline (biased where the policy decides when to stop, verl RFC #7244).
+not a per-turn-index baseline (biased where the policy decides when to stop: docs/algorithms.md).
 Tested against Algorithm 1 written out with early ends, both orders, on hand-made and sampled
 TurnBandit `stopping` batches, and against the placeholder form with its step rescaled by N/|D_t|
 (SGD) or under Adam (tests/test_seeupo_shared_pass.py).

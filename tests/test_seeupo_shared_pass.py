@@ -93,8 +93,10 @@ def tabular_batch() -> RolloutBatch:
     ])
 
 
-def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False, plays: dict | None = None,
-                     pool_lr=None, options: int = 3, adam_lr: float | None = None) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
+def reference_seeupo(
+    index: dict, order=(3, 2, 1), placeholders: bool = False, plays: dict | None = None, pool_lr=None,
+    options: int = 3, adam_lr: float | None = None,
+) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
     """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool).
 
     `plays`: rollout_id -> (task index, choices, reward), PLAYS by default. Episodes of different

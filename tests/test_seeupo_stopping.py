@@ -13,8 +13,8 @@ from seeupo_gym.turnbandit import make_tasks
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", [dict(seed=1, options=4), dict(seed=2, turns=(1, 4)), dict(seed=3, options=5, turns=(3, 4))],
-                         ids=["K4", "T1-4", "K5"])
+@pytest.mark.parametrize("suite", [dict(seed=1, options=4), dict(seed=2, turns=(1, 4)),
+                                   dict(seed=3, options=5, turns=(3, 4))], ids=["K4", "T1-4", "K5"])
 def test_reverse_seeupo_reaches_the_optimum_of_every_stopping_instance_on_expected_batches(suite):
     tasks = make_tasks("stopping", 9, **suite)
     ends = {"first" if len(a) == 1 else "end" if len(a) == t.num_turns and a[-1] != t.stops[-1] else "later"
