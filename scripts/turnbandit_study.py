@@ -6,7 +6,11 @@ minibatch size). After every iteration the exact expected return J of each task 
 enumerating joint actions, so the curves carry no evaluation noise.
 
     .venv/bin/python scripts/turnbandit_study.py --out runs/turnbandit_study
-    .venv/bin/python scripts/turnbandit_study.py --variant stopping --batches expected --out ...
+    .venv/bin/python scripts/turnbandit_study.py --variant stopping --num-tasks 9 --iterations 300 --out ...
+    .venv/bin/python scripts/turnbandit_study.py --variant stopping --num-tasks 9 --batches expected \
+        --rollouts 100 --lr 0.1 --minibatch-size 10000 --iterations 100 --seeds 3 --out ...
+
+(the tables of docs/algorithms.md).
 
 writes `results.md` (the table), `results.json` (every curve) and `curves.png` into --out.
 `--batches expected` trains on deterministic batches whose joint-action counts follow the policy
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +50,10 @@ CONFIGS = [
     StudyConfig("grpo", "grpo", {}),
     StudyConfig("gspo", "gspo", {}),
     StudyConfig("ppo", "ppo", {}),
+    # verl's per-trajectory forms: each trajectory's turns weigh 1/(its number of turns), a length
+    # the policy chooses in the `stopping` variant.
+    StudyConfig("grpo seq-mean-token-mean", "grpo", {"loss_agg": "seq-mean-token-mean", "sequence": "trajectory"}),
+    StudyConfig("gspo trajectory", "gspo", {"sequence": "trajectory"}),
 ]
 
 
@@ -154,6 +163,7 @@ def main() -> None:
     configs = [c for c in CONFIGS if not args.only or c.label in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[list[list[float]]]] = {}
+    load_start = os.getloadavg()[0]
     for config in configs:
         start = time.perf_counter()
         results[config.label] = [run(config, tasks, seed, args) for seed in range(args.seeds)]
@@ -168,7 +178,8 @@ def main() -> None:
         f"TurnBandit `{args.variant}` suite: {len(tasks)} tasks (task seed {args.task_seed}, K={args.options}), "
         f"{args.seeds} seeds, {args.iterations} iterations x {args.rollouts} {args.batches} rollouts per task, "
         f"{args.optimizer} lr {args.lr}, epochs {args.epochs}, minibatch {args.minibatch_size}, kl {args.kl_coef}. "
-        f"'iters to' counts runs that never get there as {args.iterations}.",
+        f"'iters to' counts runs that never get there as {args.iterations}. "
+        f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (J is exact: load changes only the time).",
         "",
         header,
         "|" + "---|" * (1 + 4 * len(kinds)),

@@ -93,13 +93,19 @@ def tabular_batch() -> RolloutBatch:
     ])
 
 
-def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
+def reference_seeupo(
+    index: dict, order=(3, 2, 1), placeholders: bool = False, plays: dict | None = None, pool_lr=None,
+    options: int = 3, adam_lr: float | None = None,
+) -> tuple[torch.Tensor, list[dict[str, float]], list[dict[str, float]]]:
     """Final logits, M before each pool and s(y) after each pool (for trajectories with a later pool).
 
-    Episodes of different lengths (r2: 2 turns, r5: 1): pool t holds the trajectories that reached
-    turn t, and its loss is their mean. placeholders=True is the paper's alternative: every
-    trajectory is in every pool, one that ended before t as a no-op (no gradient, s = 1), so the
-    loss is divided by all N trajectories instead (the control: another update)."""
+    `plays`: rollout_id -> (task index, choices, reward), PLAYS by default. Episodes of different
+    lengths (PLAYS' r2: 2 turns, r5: 1): pool t holds the trajectories that reached turn t, and its
+    loss is their mean. placeholders=True is the paper's alternative: every trajectory is in every
+    pool, one that ended before t as a no-op (no gradient, s = 1), so the loss is divided by all N
+    trajectories instead. `pool_lr(pool size, N)`: pool t's SGD step size (LR by default); `options`: K;
+    `adam_lr`: one torch Adam step per pool instead of SGD."""
+    PLAYS = plays or globals()["PLAYS"]
     rewards = {rid: r for rid, (_, _, r) in PLAYS.items()}
     groups = {rid: k for rid, (k, _, _) in PLAYS.items()}
     grae = {}
@@ -109,24 +115,31 @@ def reference_seeupo(index: dict, order=(3, 2, 1), placeholders: bool = False) -
     mean = sum(grae.values()) / len(grae)
     std = (sum((a - mean) ** 2 for a in grae.values()) / (len(grae) - 1)) ** 0.5
     m = {rid: (a - mean) / (std + 1e-6) for rid, a in grae.items()}
-    logits = torch.zeros(len(index), 3, dtype=torch.float32)
+    logits = torch.zeros(len(index), options, dtype=torch.float32)
 
     def logp(table, rid, t):
         k, plays, _ = PLAYS[rid]
         return torch.log_softmax(table[index[(k, *plays[: t - 1])]], -1)[plays[t - 1]]
 
     start = logits.clone()
+    adam_table = logits.clone().requires_grad_(True)
+    adam = torch.optim.Adam([adam_table], lr=adam_lr) if adam_lr else None
     weights, ratios = [], []
     for position, t in enumerate(order):
         pool = [rid for rid, (_, plays, _) in PLAYS.items() if len(plays) >= t]
         weights.append({rid: m[rid] for rid in pool})
-        table = logits.clone().requires_grad_(True)
+        table = adam_table if adam_lr else logits.clone().requires_grad_(True)
         objective = 0.0
         for rid in pool:
             s = torch.exp(logp(table, rid, t) - logp(start, rid, t))
             objective = objective + torch.minimum(s * m[rid], torch.clamp(s, 1 - CLIP, 1 + CLIP) * m[rid])
         (-objective / (len(PLAYS) if placeholders else len(pool))).backward()
-        logits = logits - LR * table.grad
+        if adam_lr:
+            adam.step()
+            adam.zero_grad()
+            logits = adam_table.detach().clone()
+        else:
+            logits = logits - (pool_lr(len(pool), len(PLAYS)) if pool_lr else LR) * table.grad
         # s(y_{i,t}) is read by M_i only if trajectory i has a turn in a later pool (an episode that
         # ended is in none: its M keeps the s = 1 of a placeholder).
         later = [rid for rid in pool if any(len(PLAYS[rid][1]) >= u for u in order[position + 1 :])]
@@ -222,3 +235,57 @@ def test_episodes_that_end_early_are_absent_from_later_pools_as_algorithm_1_with
     torch.testing.assert_close(policy.logits.detach(), logits, atol=1e-5, rtol=1e-5)
     with_placeholders, _, _ = reference_seeupo(policy.index, order=turns, placeholders=True)
     assert (with_placeholders - logits).abs().max() > 1e-2
+
+
+def test_placeholders_are_the_kits_update_with_each_pools_step_scaled_by_its_share_of_the_batch():
+    """Why absent and placeholders agree: a no-op placeholder adds a constant (s = 1, no gradient) to
+    pool t's objective and nothing to M, so its update is the kit's direction with a step |D_t|/N as
+    large. Scaling the placeholder reference's step by N/|D_t| gives the kit's update exactly."""
+    policy = TabularPolicy(TASKS, lr=LR)
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP})
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    rescaled, weights, ratios = reference_seeupo(policy.index, placeholders=True, pool_lr=lambda size, n: LR * n / size)
+    torch.testing.assert_close(policy.logits.detach(), rescaled, atol=1e-5, rtol=1e-5)
+    for phase, expected_m, expected_s in zip(algorithm.schedule, weights, ratios):
+        assert phase.weights == pytest.approx(expected_m, rel=1e-5)
+        assert phase.ratios_after == pytest.approx(expected_s, rel=1e-5)
+
+
+def test_under_adam_the_kits_update_is_the_placeholder_form_where_each_parameter_serves_one_turn():
+    """Adam divides a parameter's step by its gradients' scale: on the tabular policy (one row per
+    context, so per turn) the placeholder form's |D_t|/N vanishes from the update."""
+    policy = TabularPolicy(TASKS, lr=0.1, optimizer="adam")
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP})
+    algorithm.update(tabular_batch(), policy, torch.Generator().manual_seed(0))
+    absent, _, _ = reference_seeupo(policy.index, adam_lr=0.1)
+    with_placeholders, _, _ = reference_seeupo(policy.index, placeholders=True, adam_lr=0.1)
+    torch.testing.assert_close(policy.logits.detach(), absent, atol=1e-6, rtol=1e-6)
+    assert (with_placeholders - absent).abs().max() < 1e-6 < 0.1 < absent.abs().max()
+
+
+@pytest.mark.parametrize("order", ["reverse", "natural"])
+def test_algorithm_1_with_early_ends_on_a_sampled_batch_of_turnbandit_stopping_tasks(order):
+    """Real stopping tasks (a stop option at every turn), a sampled batch whose episodes end at 1..T
+    turns: the kit's update is the reference's, pool by pool."""
+    from seeupo_gym.algorithms.tabular import sample_batch
+    from seeupo_gym.turnbandit import make_tasks
+
+    tasks = make_tasks("stopping", 4, seed=3, turns=(3, 4))
+    policy = TabularPolicy(tasks, lr=LR)
+    batch = sample_batch(policy, 6, torch.Generator().manual_seed(1))
+    plays = {t.rollout_id: (int(t.turns[0].context_ids[0]), tuple(turn.response_ids[0] for turn in t.turns), t.reward)
+             for t in batch}
+    assert len({len(choices) for _, choices, _ in plays.values()}) >= 3  # several lengths, 1 among them
+    assert min(len(choices) for _, choices, _ in plays.values()) == 1
+    longest = max(t.num_turns for t in tasks)
+    turns = tuple(range(longest, 0, -1)) if order == "reverse" else tuple(range(1, longest + 1))
+    algorithm = make_algorithm("seeupo", {"kl_coef": 0.0, "clip_low": CLIP, "clip_high": CLIP, "order": order})
+    algorithm.update(batch, policy, torch.Generator().manual_seed(0))
+    logits, weights, ratios = reference_seeupo(policy.index, order=turns, plays=plays)
+    assert [p.turn for p in algorithm.schedule] == list(turns)
+    for phase, expected_m, expected_s in zip(algorithm.schedule, weights, ratios):
+        assert set(phase.rollout_ids) == set(expected_m)
+        assert phase.weights == pytest.approx(expected_m, rel=1e-5, abs=1e-7)
+        assert phase.ratios_after == pytest.approx(expected_s, rel=1e-5)
+    assert any(abs(s - 1) > 0.05 for after in ratios for s in after.values())  # M really moved
+    torch.testing.assert_close(policy.logits.detach(), logits, atol=1e-5, rtol=1e-5)

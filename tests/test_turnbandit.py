@@ -330,6 +330,7 @@ STOPPING_ENVS = [
     TurnBanditEnv(variant="stopping", num_tasks=12, seed=0),
     TurnBanditEnv(variant="stopping", num_tasks=6, seed=1, options=4),
     TurnBanditEnv(variant="stopping", num_tasks=6, seed=2, turns=(1, 2)),
+    TurnBanditEnv(variant="stopping", num_tasks=6, seed=3, optimum=(0.4, 0.9)),  # J* < 1, rewards rescaled
 ]
 
 
@@ -358,17 +359,20 @@ def best_over_deterministic_policies(env: TurnBanditEnv, task_id: str) -> tuple[
     return best
 
 
-@pytest.mark.parametrize("env", STOPPING_ENVS, ids=["K3", "K4", "T1-2"])
+@pytest.mark.parametrize("env", STOPPING_ENVS, ids=["K3", "K4", "T1-2", "J*<1"])
 def test_stopping_backward_induction_equals_the_best_deterministic_policy_through_step(env):
+    goes_on = 0
     for task in env.tasks:
         brute, answers = best_over_deterministic_policies(env, task.task_id)
         value, actions = task.optimal()
         assert value == pytest.approx(brute, abs=1e-12), task.task_id
+        goes_on += answers[0] != "ABCDEFGH"[task.stops[0]]  # the best play does not stop first
         assert task.ends(actions) and task.reward(actions) == value
         env.reset(options={"task_id": task.task_id})
         for label in task.optimal_answers():  # the optimum is playable and is a success
             _, reward, terminated, _, info = env.step(act(label))
         assert terminated and info["success"] and reward == pytest.approx(value)
+    assert 0 < goes_on < len(env.tasks)  # some optima go on, some stop first
 
 
 def test_stopping_tasks_end_at_a_stop_some_optima_go_on_and_the_first_stop_is_a_decoy():
@@ -414,3 +418,24 @@ def test_stopping_hostile_answers_are_invalid_turns_never_a_stop_or_a_crash(bad)
     assert (reward, terminated, truncated) == (0.0, False, False) and info["invalid_action"]
     _, reward, terminated, _, _ = env.step(act("ABCDEFGH"[task.stops[0]]))  # the same decision, asked again
     assert terminated and reward == pytest.approx(max(0.0, task.reward((task.stops[0],)) - 0.1))
+
+
+def test_the_study_script_runs_the_stopping_variant_grouped_by_where_the_optimum_ends(tmp_path, monkeypatch):
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "turnbandit_study.py"
+    monkeypatch.setattr(sys, "argv", [
+        str(script), "--variant", "stopping", "--out", str(tmp_path), "--num-tasks", "3", "--seeds", "1",
+        "--iterations", "2", "--rollouts", "8", "--batches", "expected",
+        "--only", "seeupo reverse/batch", "grpo seq-mean-token-mean"])
+    runpy.run_path(str(script), run_name="__main__")
+    table = (tmp_path / "results.md").read_text()
+    for group in ("stop first: final J/J*", "stop later: final J/J*", "to the end: final J/J*"):
+        assert group in table
+    assert "| seeupo reverse/batch |" in table and "| grpo seq-mean-token-mean |" in table and "Load average" in table
+    curves = json.loads((tmp_path / "results.json").read_text())["curves"]["seeupo reverse/batch"][0]
+    assert len(curves) == 3 and all(0 < j <= 1 + 1e-9 for row in curves for j in row)
+    assert curves[-1] != curves[0]  # it learned

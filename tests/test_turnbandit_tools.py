@@ -173,3 +173,18 @@ def test_agent_appends_tool_results_token_in_token_out_with_a_scripted_backend_i
     # Appended, not rebuilt, and equal to the template's rendering of the env's history.
     assert second.context_ids[: len(first.context_ids) + len(first.response_ids)] == first.context_ids + first.response_ids
     assert second.context_ids == encode(tokenizer, render_chat(tokenizer, messages[:4], add_generation_prompt=True, tools=tools))
+
+
+def test_stopping_in_the_tools_format_a_call_of_the_stop_ends_the_episode_with_its_reward():
+    env = make(variant="stopping", num_tasks=6)
+    for task in env.tasks:
+        env.reset(options={"task_id": task.task_id})
+        stop = "ABCDEFGH"[task.stops[0]]
+        observation, reward, terminated, truncated, info = env.step(call(stop))
+        assert terminated and not truncated and "(stop)" in observation and reward == task.reward((task.stops[0],))
+        assert [m["role"] for m in info["messages"]] == ["system", "user", "assistant", "tool"]
+        env.reset(options={"task_id": task.task_id})
+        for label in task.optimal_answers():
+            observation, reward, terminated, truncated, info = env.step(call(label))
+        assert terminated and info["success"] and reward == pytest.approx(task.optimal_value)
+        assert info["turn"] == len(task.optimal()[1])  # the optimum's own length, stops included
