@@ -368,6 +368,20 @@ def test_view_of_a_run_whose_reward_is_10_to_the_400_writes_the_page(tmp_path, c
     assert 'data-reward="Infinity"' in page and 'data-reward="NaN"' in page and 'data-reward="-Infinity"' in page
 
 
+def test_view_of_a_run_with_a_record_nested_past_the_parser_and_an_alias_bomb_config_writes_the_page(tmp_path):
+    # A record nested 100,000 levels deep (json.loads raises RecursionError) is skipped like any bad line;
+    # a config.yaml alias bomb costs the page its one-line summary, not a hang.
+    lines = ['{"task_id": "t", "step": 1, "rollout_id": "a", "reward": 1.0}', '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"]
+    with gzip.open(tmp_path / ROLLOUTS_FILE, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + k)}: &{chr(98 + k)} [*{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, "
+        f"*{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}]\n" for k in range(9))
+    (tmp_path / "config.yaml").write_text(bomb)
+    assert view_main([str(tmp_path)]) == 0
+    assert (tmp_path / "rollouts.html").read_text().count('<details class="episode"') == 1
+
+
 # --------------------------------------------------------------------------------- red team: --serve
 
 

@@ -228,8 +228,8 @@ def read_rollouts(run_dir: str | Path) -> Iterator[dict[str, Any]]:
             for number, line in enumerate(f, start=1):
                 try:
                     record = json.loads(line)
-                except ValueError:
-                    logger.warning("%s: line %d is not JSON; skipped", path, number)
+                except (ValueError, RecursionError):  # RecursionError: a record nested past the parser's depth
+                    logger.warning("%s: line %d is not JSON (or nested too deeply); skipped", path, number)
                     continue
                 if isinstance(record, dict):
                     yield record

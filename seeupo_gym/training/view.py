@@ -347,9 +347,9 @@ def render_page(records: Iterable[dict[str, Any]], *, title: str = "rollouts", a
 def _about(run_dir: Path) -> str:
     """One line from the run's config.yaml: algorithm, env, model (nothing when it cannot be read)."""
     try:
-        import yaml
+        from seeupo_gym.training.config import parse_yaml  # no aliases: a bomb is an error, not a hang
 
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = parse_yaml((run_dir / "config.yaml").read_text())
         return (f"algorithm {config['algorithm']['name']} · env {config['env']['id']} {config['env'].get('kwargs') or ''} · "
                 f"model {config['model']['name_or_path']}")
     except Exception:  # noqa: BLE001  the page does without it
