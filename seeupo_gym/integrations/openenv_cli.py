@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"seeupo-serve: binding {args.host} exposes the env (and, for AppWorld, code execution) to the network; "
             f"give a token with --token-file or ${TOKEN_ENV}, or bind 127.0.0.1"
         )
+    # Loading openenv and the env's data takes seconds (more on a busy machine): say what is waited for.
+    print(f"seeupo-serve: loading {args.env_id} ...", file=sys.stderr, flush=True)
     try:
         import uvicorn
 
