@@ -133,6 +133,8 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
         return Trajectory(task_id=task_id, group_id=group_id, rollout_id=f"{group_id}:{g}", turns=turns,
                           reward=reward, success=success, truncated=truncated, info=record)
 
+    # The whole episode, every turn and retry, ends at the backend's episode deadline.
+    deadline = backend.episode_deadline() if hasattr(backend, "episode_deadline") else None
     try:
         _, info = env.reset(options={"task_id": task_id})
     except Exception as error:  # noqa: BLE001  a broken env costs its episode only
@@ -142,7 +144,8 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
         tools = list(info.get("tools") or [])
         request = replace(sampling, seed=derive_seed(seed, _CHAT_TURN, index, len(turns) + 1))
         try:
-            reply = backend.chat(openai_messages(info["messages"]), request, tools=tools or None)
+            reply = backend.chat(openai_messages(info["messages"]), request, tools=tools or None,
+                                 **({"deadline": deadline} if deadline is not None else {}))
         except RequestError as error:
             record["error"] = f"{type(error).__name__}: {error}"
             return finish("backend_error", 0.0, False, True, info)
