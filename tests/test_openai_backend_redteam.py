@@ -14,7 +14,7 @@ import pytest
 import seeupo_gym  # noqa: F401  registers the envs
 from hostile_model_server import dripped_completion, start
 from seeupo_gym.agents.backends import SamplingParams
-from seeupo_gym.agents.backends.openai import LOGPROB_FLOOR, OpenAIBackend, ServerReplyError
+from seeupo_gym.agents.backends.openai import OpenAIBackend, ServerReplyError
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,8 @@ def test_the_logprob_floor_is_below_any_a_sampler_can_draw_and_keeps_sums_finite
     import math
 
     import numpy as np
+
+    from seeupo_gym.agents.backends.openai import LOGPROB_FLOOR
 
     assert LOGPROB_FLOOR < math.log(np.finfo(np.float64).smallest_subnormal)  # -744.4
     assert math.isfinite(float(np.float32(LOGPROB_FLOOR) * np.float32(2**20)))  # a million tokens at the floor
