@@ -177,8 +177,9 @@ class OpenAIBackend(Backend):
         --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for LoRA runs),
         or one started here for the run (`serve: true`, see `vllm_server.py`) and stopped by `close`.
 
-        Options (the config's `generation` section): base_url, serve, serve_command, serve_args,
-        serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
+        Options (the config's `generation` section): base_url, serve, serve_command, serve_args (no
+        `--host`), serve_host (default 127.0.0.1; another address takes the server off loopback),
+        serve_stop_grace_s (SIGTERM to SIGKILL, default 30), serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
         there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
         weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
@@ -472,12 +473,16 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     import tempfile
 
     from seeupo_gym.agents.backends.vllm import model_folder
-    from seeupo_gym.agents.backends.vllm_server import VLLMServer, free_port, serve_arguments, vllm_command
+    from seeupo_gym.agents.backends.vllm_server import (
+        LOOPBACK, STOP_GRACE_S, VLLMServer, checked_serve_args, free_port, serve_arguments, vllm_command,
+    )
 
     command = vllm_command(options.get("serve_command"))
+    extra = checked_serve_args(options.get("serve_args") or ())
+    host = str(options.get("serve_host") or LOOPBACK)
     port = free_port()
     arguments = serve_arguments(
-        model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype,
+        model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype, host=host,
         seed=setup.seed, max_model_len=int(options.get("max_model_len") or setup.max_context_tokens),
         # The new adapter is loaded before the oldest kept one is unloaded: one more slot.
         lora_rank=setup.lora_rank, max_loras=keep_adapters + 1,
@@ -488,8 +493,9 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     run_dir = options.get("output_dir")
     log_path = os.path.join(run_dir, "vllm-serve.log") if run_dir else os.path.join(tempfile.gettempdir(), f"seeupo-vllm-serve-{port}.log")
     server = VLLMServer(
-        command, arguments + [str(a) for a in options.get("serve_args") or ()], env=env, log_path=log_path,
-        startup_timeout_s=float(options.get("serve_timeout_s", 900.0)), port=port,
+        command, arguments + extra, env=env, log_path=log_path, port=port, host=host,
+        startup_timeout_s=float(options.get("serve_timeout_s", 900.0)),
+        stop_grace_s=float(options.get("serve_stop_grace_s", STOP_GRACE_S)),
     )
     server.start()
     return server
