@@ -9,7 +9,7 @@ import pytest
 
 import seeupo_gym  # noqa: F401
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
-from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent, env_info_error
+from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
 from seeupo_gym.spaces import UnicodeText
 
 _GOOD = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}], "task_id": "t"}
@@ -57,6 +57,8 @@ def test_an_env_answer_the_agent_cannot_read_ends_its_episode_as_an_env_error(ti
 
 
 def test_a_readable_info_passes_the_check():
+    from seeupo_gym.agents.vector import env_info_error
+
     assert env_info_error(_GOOD) is None
     assert env_info_error({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}],
                            "tools": [{"type": "function"}], "tool_parser": "hermes"}) is None
