@@ -102,6 +102,14 @@ def env_info_error(info: Any, *, at_reset: bool = True) -> str | None:
     return None
 
 
+def checked_env_answer(outcome: Any, call: Literal["reset", "step"]) -> Any:
+    """An env's reset or step answer, or EnvAnswerError saying what the agent cannot read in it."""
+    wrong = _answer_error(outcome, 2 if call == "reset" else 5, call) or env_info_error(outcome[-1], at_reset=call == "reset")
+    if wrong is not None:
+        raise EnvAnswerError(wrong)
+    return outcome
+
+
 def _answer_error(outcome: Any, length: int, call: str) -> str | None:
     if not isinstance(outcome, (tuple, list)) or len(outcome) != length:
         return f"the env's {call} returned a {type(outcome).__name__}, not a {length}-tuple"

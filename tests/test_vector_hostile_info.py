@@ -64,3 +64,21 @@ def test_a_readable_info_passes_the_check():
                            "tools": [{"type": "function"}], "tool_parser": "hermes"}) is None
     assert env_info_error({}, at_reset=False) is None  # a step may leave messages out
     assert env_info_error({}) is not None
+
+
+@pytest.mark.parametrize("bad", ["a string", {"messages": ["hello"]}])
+def test_a_chat_episode_ends_as_an_env_error_on_an_env_answer_it_cannot_read(bad):
+    from seeupo_gym.agents.chat_agent import collect_chat
+
+    class ScriptedChatBackend:  # stands in for a chat-mode OpenAIBackend: one fixed reply
+        mode = "chat"
+
+        def chat(self, messages, sampling, tools=None):
+            from seeupo_gym.agents.backends.openai import ChatReply
+
+            return ChatReply(content="A")
+
+    (episode,) = collect_chat(ScriptedChatBackend(), "test/LateHostile-v0", ["t"], 1, seed=0,
+                              sampling=SamplingParams(max_new_tokens=2), env_kwargs={"bad": bad}).trajectories
+    assert episode.info["end"] == END_ENV_ERROR and "EnvAnswerError" in episode.info["error"]
+    assert len(episode.info["actions"]) == 2
