@@ -8,7 +8,8 @@ A client whose base URL is http://127.0.0.1:PORT/MODE/v1 meets MODE (the first p
 - slow-S: a valid chat reply with invalid answer text, after S seconds (each turn of an episode);
 - echo: `GET .../models` lists a model named after the request's Authorization header; a chat
   request's first turn is answered 200 with that header in the reply's text, the next with a 400
-  whose body repeats every request header (raw and \\u-escaped).
+  whose body repeats every request header (raw and \\u-escaped); `/completions` (tokens mode)
+  requests get a valid one-token completion and the 400 in turn.
 
 Written on raw sockets so that it can send what no well-behaved library would.
 """
@@ -22,6 +23,8 @@ import time
 
 # 146 bytes on the wire: the issue's dripped reply (head and body together).
 _COMPLETION = {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}]}
+_COUNT = {"completions": 0}
+_LOCK = threading.Lock()
 
 
 def _http(status: str, body: bytes) -> bytes:
@@ -83,6 +86,15 @@ def serve(conn: socket.socket) -> None:
     if mode == "echo":
         request = json.loads(body or b"{}")
         turn = sum(m.get("role") == "assistant" for m in request.get("messages", []))
+        if route.endswith("/chat/completions"):
+            pass
+        elif route.endswith("/completions"):
+            with _LOCK:
+                _COUNT["completions"] += 1
+                turn = (_COUNT["completions"] + 1) % 2  # valid, echo, valid, ...
+            if turn == 0:
+                conn.sendall(_http("200 OK", json.dumps(_COMPLETION).encode()))
+                return
         authorization = headers.get("authorization", "")
         if turn == 0:
             conn.sendall(_http("200 OK", _chat(f"I saw {authorization}")))

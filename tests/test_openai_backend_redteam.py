@@ -4,6 +4,7 @@ headers (the API key) into its replies and errors."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import time
@@ -150,3 +151,30 @@ def test_the_logprob_floor_is_below_any_a_sampler_can_draw_and_keeps_sums_finite
 
     assert LOGPROB_FLOOR < math.log(np.finfo(np.float64).smallest_subnormal)  # -744.4
     assert math.isfinite(float(np.float32(LOGPROB_FLOOR) * np.float32(2**20)))  # a million tokens at the floor
+
+
+def test_a_training_run_on_a_server_that_echoes_the_key_writes_it_to_no_run_file_or_log(hostile, tmp_path, monkeypatch,
+                                                                                        caplog, capsys, one_torch_thread):
+    from trainer_helpers import tiny_config
+
+    from seeupo_gym.training.trainer import Trainer
+
+    secret = "sk-live-0123456789abcdefXYZ"
+    monkeypatch.setenv("SEEUPO_TEST_KEY", secret)
+    config = tiny_config(tmp_path, "train.steps=1", "env.kwargs={max_turns: 1}", "train.group_size=4",
+                         "generation.backend=openai", f"generation.base_url={hostile}/echo/v1",
+                         "generation.api_key_env=SEEUPO_TEST_KEY", f"generation.weights_dir={tmp_path}")
+    with caplog.at_level(logging.DEBUG):
+        with Trainer(config) as trainer:
+            trainer.train()
+    out = capsys.readouterr()
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in gzip.open(run / "rollouts.jsonl.gz", "rt")]
+    errors = [r for r in records if "error" in json.dumps(r)]
+    assert errors and "[redacted]" in json.dumps(errors)  # the echoed 400s are recorded, the key in none
+    for path in run.rglob("*"):
+        if path.is_file():
+            data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            assert secret.encode() not in data, path
+    for text in (out.out, out.err, caplog.text):
+        assert secret not in text
