@@ -316,3 +316,17 @@ def test_serve_host_takes_the_server_off_loopback_when_the_operator_sets_it(tmp_
         backend.close()
     argv = launch["argv"]
     assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == "0.0.0.0"
+
+
+def test_seeupo_train_refuses_serve_args_that_set_the_host_in_one_line_and_exits_2(tmp_path, capsys):
+    from seeupo_gym.training.cli import train_main
+
+    code = train_main([
+        "--config", "tiny-cpu", f"log.output_dir={tmp_path}", "log.trackers=[]", "log.progress_bars=false",
+        "generation.backend=openai", "generation.serve=true", f"generation.serve_command=[{', '.join(STAND_IN_SERVER)}]",
+        "generation.serve_args=[--host, 0.0.0.0]",
+    ])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("seeupo-train: generation.serve_args sets the server's address ('--host')")
+    assert not (tmp_path / "vllm-serve.log").exists()
