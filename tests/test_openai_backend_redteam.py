@@ -178,3 +178,52 @@ def test_a_training_run_on_a_server_that_echoes_the_key_writes_it_to_no_run_file
             assert secret.encode() not in data, path
     for text in (out.out, out.err, caplog.text):
         assert secret not in text
+
+
+def test_a_reply_nested_as_deep_as_json_parses_is_a_clear_error_when_a_key_is_redacted(monkeypatch):
+    import sys
+
+    import httpx
+
+    monkeypatch.setenv("SEEUPO_TEST_KEY", "sk-live-0123456789abcdefXYZ")
+    backend = OpenAIBackend("http://model.invalid/v1", "m", mode="chat", api_key_env="SEEUPO_TEST_KEY", retries=1)
+    def body(depth: int) -> bytes:
+        return b'{"choices": [{"message": {"content": "x", "extra": ' + b"[" * depth + b"]" * depth + b"}}]}"
+
+    depth = sys.getrecursionlimit()
+    while True:  # the deepest reply json.loads parses from here, less what the backend's calls take
+        try:
+            json.loads(body(depth))
+            break
+        except RecursionError:
+            depth -= 10
+    deep = body(depth - 60)
+    # A mock transport stands in for the server (no deadline wrapper needed for a reply that is all there).
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=httpx.ByteStream(deep)))
+    backend._client = httpx.Client(transport=transport)
+    try:
+        with pytest.raises(ServerReplyError, match="nests too deep"):
+            backend.chat([{"role": "user", "content": "U"}], SamplingParams(max_new_tokens=4))
+    finally:
+        backend.close()
+
+
+def test_tool_call_arguments_nested_700_deep_end_the_request_not_the_collection():
+    import httpx
+
+    from seeupo_gym.agents.chat_agent import collect_chat
+
+    arguments = "[" * 700 + "]" * 700  # parses; walking it (render_reply) would overflow the stack
+    reply = {"choices": [{"finish_reason": "tool_calls", "message": {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}}]}
+    backend = OpenAIBackend("http://model.invalid/v1", "m", mode="chat", api_key_env=None, retries=1)
+    # A mock transport stands in for the server.
+    backend._client = httpx.Client(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, stream=httpx.ByteStream(json.dumps(reply).encode()))))
+    try:
+        (episode,) = collect_chat(backend, "seeupo/TurnBandit-v0", ["mixed-0-1"], 1, seed=0,
+                                  sampling=SamplingParams(max_new_tokens=4),
+                                  env_kwargs={"action_format": "tools"}).trajectories
+    finally:
+        backend.close()
+    assert episode.info["end"] == "backend_error" and "nest deeper than 64 levels" in episode.info["error"]

@@ -52,6 +52,7 @@ MODES = ("tokens", "chat")
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "tool_calls": FINISH_STOP, "eos": FINISH_STOP}
 MAX_TOOL_CALLS = 64
+MAX_ARGUMENT_DEPTH = 64
 # The lowest logprob accepted for a sampled token. A sampler cannot draw a token of probability
 # below float32's smallest (1.4e-45, log -103.3; float64: -744.4), so only a broken or hostile
 # server sends less; -1e4 leaves room for logprobs taken at another temperature than the draw,
@@ -436,7 +437,12 @@ class OpenAIBackend(Backend):
             raise ServerReplyError(f"{route}: the reply is not JSON: {self._snippet(data, 120)}") from None
         if not isinstance(reply, dict):
             raise ServerReplyError(f"{route}: the reply is not a JSON object")
-        return self._redacted(reply) if self._secrets else reply
+        if not self._secrets:
+            return reply
+        try:
+            return self._redacted(reply)
+        except RecursionError:  # JSON that parses but nests deeper than Python's stack walks
+            raise ServerReplyError(f"{route}: the reply nests too deep") from None
 
     def _snippet(self, data: bytes | bytearray, limit: int) -> str:
         """The start of a server's body for an error message: redacted before it is cut (so no part
@@ -524,8 +530,21 @@ def _tool_calls(value: Any) -> tuple[tuple[tuple[str, Any], ...], list[dict[str,
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except (ValueError, RecursionError):
                 pass  # kept as the raw string: the env's parser reports it to the model
+        if _depth(arguments) > MAX_ARGUMENT_DEPTH:  # what walks them later recurses
+            raise ServerReplyError(f"a tool call's arguments from the server nest deeper than {MAX_ARGUMENT_DEPTH} levels")
         calls.append((function["name"], arguments))
     return tuple(calls), list(value)
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in `value`, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _printable(data: bytes) -> str:
