@@ -180,7 +180,8 @@ class OpenAIBackend(Backend):
 
         Options (the config's `generation` section): base_url, serve, serve_command, serve_args (no
         `--host`), serve_host (default 127.0.0.1; another address takes the server off loopback),
-        serve_stop_grace_s (SIGTERM to SIGKILL, default 30), serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
+        serve_stop_grace_s (SIGTERM to SIGKILL, default 30), serve_env, serve_timeout_s,
+        enforce_eager, max_model_len, output_dir (the server's log goes
         there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
         weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
@@ -409,8 +410,8 @@ class OpenAIBackend(Backend):
             with self._client.stream("POST", self.base_url + route, json=body, headers=headers) as response:
                 encoding = response.headers.get("content-encoding", "identity").lower()
                 if encoding not in ("", "identity"):
-                    raise ServerReplyError(self.redact(
-                        f"the server sent a {encoding[:20]}-compressed reply; identity was asked for"))
+                    shown = _printable(self.redact(encoding).encode())[:20]  # redacted before the cut
+                    raise ServerReplyError(f"the server sent a {shown}-compressed reply; identity was asked for")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise ServerReplyError(f"the server's reply is {declared} bytes, over the {self.max_body_bytes} byte bound")
