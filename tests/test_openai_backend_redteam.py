@@ -45,7 +45,7 @@ def test_retries_of_a_dripped_reply_each_end_at_the_deadline(hostile):
             backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
     finally:
         backend.close()
-    assert backend.requests_sent == 3 and time.monotonic() - started < 5.0
+    assert backend.requests_sent == 3 and time.monotonic() - started < 8.0  # 3 x 1 s and the backoff
 
 
 def test_a_reply_dripped_inside_the_deadline_is_accepted(hostile):
@@ -76,7 +76,7 @@ def test_a_chat_episode_ends_at_its_episode_deadline_however_many_turns_are_left
     ended, elapsed = _chat_episode(hostile + "/slow-0.4/v1", timeout_s=5.0, episode_timeout_s=1.2)
     assert ended.info["end"] == "backend_error" and ended.reward == 0.0
     assert "episode_timeout_s" in ended.info["error"]
-    assert elapsed < 2.5 and len(ended.info["actions"]) <= 3
+    assert elapsed < 4.0 and len(ended.info["actions"]) <= 3
     # The control: with time enough, the same episode plays its eight turns.
     played, elapsed = _chat_episode(hostile + "/slow-0.4/v1", timeout_s=5.0, episode_timeout_s=60.0)
     assert played.info["end"] == "truncated" and len(played.info["actions"]) == 8 and elapsed > 3.2
