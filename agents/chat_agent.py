@@ -23,6 +23,7 @@ import gymnasium as gym
 
 from seeupo_gym.agents.backends.base import RequestError, SamplingParams
 from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.agents.vector import checked_env_answer
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.text import valid_unicode
 
@@ -133,16 +134,19 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
         return Trajectory(task_id=task_id, group_id=group_id, rollout_id=f"{group_id}:{g}", turns=turns,
                           reward=reward, success=success, truncated=truncated, info=record)
 
+    # The whole episode, every turn and retry, ends at the backend's episode deadline.
+    deadline = backend.episode_deadline() if hasattr(backend, "episode_deadline") else None
     try:
-        _, info = env.reset(options={"task_id": task_id})
-    except Exception as error:  # noqa: BLE001  a broken env costs its episode only
+        _, info = checked_env_answer(env.reset(options={"task_id": task_id}), "reset")
+    except Exception as error:  # noqa: BLE001  a broken env (or one answering what no env does) costs its episode only
         record["error"] = f"{type(error).__name__}: {error}"
         return finish("env_error", 0.0, False, True)
     while True:
         tools = list(info.get("tools") or [])
         request = replace(sampling, seed=derive_seed(seed, _CHAT_TURN, index, len(turns) + 1))
         try:
-            reply = backend.chat(openai_messages(info["messages"]), request, tools=tools or None)
+            reply = backend.chat(openai_messages(info.get("messages", [])), request, tools=tools or None,
+                                 **({"deadline": deadline} if deadline is not None else {}))
         except RequestError as error:
             record["error"] = f"{type(error).__name__}: {error}"
             return finish("backend_error", 0.0, False, True, info)
@@ -156,7 +160,7 @@ def _episode(backend: Any, env: Any, task_id: str, b: int, g: int, index: int, s
         if on_turn is not None:
             on_turn(reply)
         try:
-            _, reward, terminated, truncated, info = env.step(action)
+            _, reward, terminated, truncated, info = checked_env_answer(env.step(action), "step")
         except Exception as error:  # noqa: BLE001
             record["error"] = f"{type(error).__name__}: {error}"
             return finish("env_error", 0.0, False, True)

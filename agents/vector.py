@@ -38,6 +38,8 @@ would exceed `max_context_tokens` ends there as truncated (reward 0.0, success F
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -66,6 +68,55 @@ SCHEDULES = ("per_episode", "lockstep")
 # Purposes mixed into derive_seed(seed, purpose, ...): lockstep seeds each backend call, per-episode
 # each request (episode, turn).
 _LOCKSTEP_CALL, _EPISODE_TURN = 2, 3
+
+class EnvAnswerError(ValueError):
+    """An env's reset or step answered with an info the agent cannot read (the message says what)."""
+
+
+def env_info_error(info: Any, *, at_reset: bool = True) -> str | None:
+    """What is wrong with an env's `info` for the agent, or None: a dict whose `messages` is a list
+    of messages (dicts with a string role, string or null content, a list of dict tool calls), whose
+    `tools` is a list of dicts and `tool_parser` a string when present. An env served by someone
+    else may send anything; what it sends must end its episode, never the collection. A step's
+    info may leave `messages` out (read as none)."""
+    if not isinstance(info, dict):
+        return f"the env's info is a {type(info).__name__}, not a dict"
+    messages = info.get("messages", None if at_reset else [])
+    if not isinstance(messages, list):
+        return f"the env's info['messages'] is a {type(messages).__name__}, not a list of messages"
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"the env's message {index} is a {type(message).__name__}, not a dict"
+        if not isinstance(message.get("role"), str):
+            return f"the env's message {index} has no string role"
+        if not isinstance(message.get("content", ""), (str, type(None))):
+            return f"the env's message {index} has {type(message['content']).__name__} content, not text"
+        calls = message.get("tool_calls", [])
+        if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+            return f"the env's message {index} has tool_calls that are not a list of dicts"
+    tools = info.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools)):
+        return "the env's info['tools'] is not a list of dicts"
+    if not isinstance(info.get("tool_parser", ""), (str, type(None))):
+        return "the env's info['tool_parser'] is not a string"
+    return None
+
+
+def checked_env_answer(outcome: Any, call: Literal["reset", "step"]) -> Any:
+    """An env's reset or step answer, or EnvAnswerError saying what the agent cannot read in it."""
+    wrong = _answer_error(outcome, 2 if call == "reset" else 5, call) or env_info_error(outcome[-1], at_reset=call == "reset")
+    if wrong is not None:
+        raise EnvAnswerError(wrong)
+    return outcome
+
+
+def _answer_error(outcome: Any, length: int, call: str) -> str | None:
+    if not isinstance(outcome, (tuple, list)) or len(outcome) != length:
+        return f"the env's {call} returned a {type(outcome).__name__}, not a {length}-tuple"
+    if length == 5 and not (isinstance(outcome[1], numbers.Real) and math.isfinite(outcome[1])):
+        return f"the env's step returned the reward {str(outcome[1])[:40]!r}, not a finite number"
+    return None
+
 
 _ASSISTANT_SENTINEL = "\x00ASSISTANT\x00"
 _USER_SENTINEL = "\x00USER\x00"
@@ -464,6 +515,11 @@ class VectorAgent:
         if isinstance(outcome, BaseException):
             self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
             return False
+        wrong = _answer_error(outcome, 2, "reset") or env_info_error(outcome[1])
+        if wrong is not None:
+            logger.warning("ending an episode of task %s at its reset: %s", episode.task_id, wrong)
+            self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=EnvAnswerError(wrong))
+            return False
         _, info = outcome
         episode.messages = [dict(m) for m in info["messages"]]
         episode.tools = list(info.get("tools") or [])
@@ -528,6 +584,11 @@ class VectorAgent:
         """Record the env's answer; return True when the episode is over."""
         if isinstance(outcome, BaseException):
             self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=outcome)
+            return True
+        wrong = _answer_error(outcome, 5, "step") or env_info_error(outcome[4], at_reset=False)
+        if wrong is not None:
+            logger.warning("ending an episode of task %s at a step: %s", episode.task_id, wrong)
+            self._finish(episode, END_ENV_ERROR, reward=0.0, success=False, truncated=True, error=EnvAnswerError(wrong))
             return True
         observation, reward, terminated, truncated, info = outcome
         messages = [dict(m) for m in info.get("messages", [])]

@@ -4,11 +4,14 @@
 
 Each instance starts one actor (placed by Ray: `actor_options` are Ray's, e.g.
 `{"num_cpus": 1}` or `{"resources": {"envs": 1}}` to keep envs off the GPU nodes) holding
-the real env; reset/step/close are calls to it. Ray is joined as `ray.init()` finds it
-(`$RAY_ADDRESS` for a cluster); without one, a local instance is started on 127.0.0.1
+the real env; reset/step/close are calls to it. A step's deadline follows the env's own: an env
+that bounds its steps (`step_deadline_s`, or AppWorld's `timeout_seconds + response_grace_s`) gets
+that plus `STEP_MARGIN_S` (Ray's call and the env's bookkeeping around it), so a stopped actor
+costs a step seconds, not `timeout_s`; other envs, and resets, wait `timeout_s`. Ray is joined
+as `ray.init()` finds it (`$RAY_ADDRESS` for a cluster); without one, a local instance is started on 127.0.0.1
 (`start_local_ray`), not on the machine's network address. Exceptions the env raises come
 back as they are; an actor that dies (its process killed, its node lost) or does not answer
-within `timeout_s` (stopped, hung: it is then killed), or answers with something an env does
+within its deadline (stopped, hung: it is then killed), or answers with something an env does
 not return (`seeupo_gym.remote.checked_step`), is a `RemoteEnvError`, and the vectorized agent
 then ends the episode as an env error and makes a new env, so a new actor. Every worker needs
 seeupo-gym installed (the `ray` extra).
@@ -24,6 +27,21 @@ import gymnasium as gym
 
 from seeupo_gym.options import task_id_option
 from seeupo_gym.remote import RemoteEnvError, checked_reset, checked_step
+
+STEP_MARGIN_S = 30.0
+
+
+def own_step_deadline_s(env: Any) -> float | None:
+    """The longest one step of `env` takes by its own bounds: its `step_deadline_s`, or an env with
+    a code time limit and a grace after it (AppWorld) their sum; None when it declares none."""
+    declared = getattr(env, "step_deadline_s", None)
+    if declared is None and hasattr(env, "timeout_seconds") and hasattr(env, "response_grace_s"):
+        declared = env.timeout_seconds + env.response_grace_s
+    try:
+        declared = float(declared) if declared is not None else None
+    except (TypeError, ValueError):
+        return None
+    return declared if declared is not None and declared > 0 else None
 
 
 class EnvWorker:
@@ -41,6 +59,7 @@ class EnvWorker:
             "observation_space": self.env.observation_space,
             "action_space": self.env.action_space,
             "task_ids": tuple(str(t) for t in (ids() if callable(ids) else ids or ())),
+            "step_deadline_s": own_step_deadline_s(self.env.unwrapped),
         }
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
@@ -85,7 +104,8 @@ def start_local_ray(**init_kwargs: Any) -> None:
 
 
 class RayEnv(gym.Env[str, str]):
-    """`env_id` (made with `env_kwargs`) in a Ray actor started with `actor_options`."""
+    """`env_id` (made with `env_kwargs`) in a Ray actor started with `actor_options`; `timeout_s`
+    bounds a reset, and a step unless the env bounds its own (`step_timeout_s`, see the module)."""
 
     metadata = {"render_modes": []}
 
@@ -117,6 +137,8 @@ class RayEnv(gym.Env[str, str]):
         self.observation_space = described["observation_space"]
         self.action_space = described["action_space"]
         self.task_ids: tuple[str, ...] = described["task_ids"]
+        own = described.get("step_deadline_s")
+        self.step_timeout_s = min(timeout_s, own + STEP_MARGIN_S) if own is not None else timeout_s
 
     @property
     def actor(self) -> Any:
@@ -130,7 +152,7 @@ class RayEnv(gym.Env[str, str]):
         return checked_reset(result, self.observation_space, self._source)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return checked_step(self._get("step", (action,), self.timeout_s), self.observation_space, self._source)
+        return checked_step(self._get("step", (action,), self.step_timeout_s), self.observation_space, self._source)
 
     def close(self) -> None:
         actor, self._actor = getattr(self, "_actor", None), None

@@ -8,6 +8,8 @@ describes itself as a default TurnBandit server and answers resets with a real T
 
 - honest: steps answered by the real env;
 - nan_reward, list_info, int_text, string_done, long_text: one field of each step answer wrong;
+- str_messages, str_tool_calls: a step's info (a dict) holds messages the agent cannot read: a string
+  for a message, a string for a tool call; reset_str_messages, reset_no_messages: a reset's info;
 - deflate_bomb: the first answer is a 415 kB permessage-deflate frame of 400 M characters;
 - gzip_bomb: the description (GET /seeupo/env) is a 265 kB gzip body of 256 MiB.
 
@@ -153,6 +155,10 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
             data = dict(message.get("data") or {})
             seed = data.pop("seed", None)
             text, info = env.reset(seed=seed, options=data or None)
+            if mode == "reset_str_messages":
+                info = {**info, "messages": ["hello"]}
+            elif mode == "reset_no_messages":
+                info = {k: v for k, v in info.items() if k != "messages"}
             send_frame(conn, observation(text, None, False, False, info))
             continue
         text, reward, terminated, truncated, info = env.step(message["data"]["response"])
@@ -167,6 +173,10 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
             done = "yes"
         elif mode == "long_text":
             text = "x" * (env.observation_space.max_length + 1)
+        elif mode == "str_messages":
+            info = {**info, "messages": info["messages"][:-1] + ["hello"]}
+        elif mode == "str_tool_calls":
+            info = {**info, "messages": info["messages"] + [{"role": "assistant", "content": "", "tool_calls": ["x"]}]}
         send_frame(conn, observation(text, reward, done, truncated, info))
 
 

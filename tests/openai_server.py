@@ -12,7 +12,7 @@
   from the tiny model through its chat template and returns the text.
 - `POST /control {"fault": F, "count": N}` makes the next N model requests misbehave: "429",
   "500", "timeout" (no reply for 30 s), "truncated" (half a JSON body), "bad_ids" (a token id past
-  the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob).
+  the vocabulary), "huge" (a 10 MB body), "gzip" (a compressed body), "nan" (a NaN logprob), "tiny_logprob" (-1e308).
 - `GET /v1/models` answers (an empty list), as the server check before any episode asks.
 - `GET /log` lists the requests seen (route, policy version header, whether a key was sent).
 - `GET /launch`: its arguments and VLLM_* environment variables, when started in `vllm serve`'s
@@ -163,6 +163,8 @@ async def completions(request: Request) -> Response:
         token_ids[0] = 10**9
     if fault == "nan":
         logprobs[0] = float("nan")
+    if fault == "tiny_logprob":  # finite, and enough of them overflow a sum
+        logprobs[0] = -1e308
     body = {
         "object": "text_completion",
         "model": data.get("model"),

@@ -116,6 +116,7 @@ def test_a_transient_failure_is_retried(server, tiny, fault):
     [
         ("bad_ids", "outside the vocabulary"),
         ("nan", "not a finite number"),
+        ("tiny_logprob", r"not a finite number in \[-10000, 0\]: -1e\+308"),
         ("truncated", "not JSON"),
         ("huge", "byte bound"),
         ("gzip", "compressed"),

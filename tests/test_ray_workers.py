@@ -169,3 +169,40 @@ def test_unknown_reset_options_are_refused_as_the_local_env_refuses_them(local_r
         assert env.reset(seed=0, options={"task_id": "easy-0-1"})[1]["task_id"] == "easy-0-1"
     finally:
         env.close()
+
+
+def test_a_stopped_worker_ends_its_step_at_the_envs_own_deadline_not_the_default(local_ray, monkeypatch):
+    import seeupo_gym.remote_ray as remote_ray
+
+    # The env bounds its steps at 2 s (`step_deadline_s`); with a 1 s margin for Ray's call, a
+    # stopped worker costs a step 3 s where the default timeout_s (600 s) would wait.
+    monkeypatch.setattr(remote_ray, "STEP_MARGIN_S", 1.0)
+    tests = os.path.dirname(__file__)
+    env = gym.make("seeupo/Ray-v0", env_id="ray_deadline_env:test/DeadlineBandit-v0", env_kwargs=KWARGS,
+                   actor_options={"runtime_env": {"env_vars": {"PYTHONPATH": tests}}})
+    assert env.unwrapped.timeout_s == 600 and env.unwrapped.step_timeout_s == 3.0
+    pid = ray.get(env.unwrapped.actor.describe.remote())["pid"]
+    env.reset(seed=0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RemoteEnvError, match="did not answer step within 3 s; it was killed"):
+            env.step("A")
+        assert time.monotonic() - start < 15
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        env.close()
+
+
+def test_an_envs_own_step_deadline_is_read_from_what_it_declares():
+    from types import SimpleNamespace
+
+    from seeupo_gym.remote_ray import own_step_deadline_s
+
+    assert own_step_deadline_s(SimpleNamespace(step_deadline_s=5)) == 5.0
+    assert own_step_deadline_s(SimpleNamespace(timeout_seconds=10, response_grace_s=10.0)) == 20.0  # AppWorld's
+    assert own_step_deadline_s(SimpleNamespace()) is None
+    assert own_step_deadline_s(SimpleNamespace(step_deadline_s="soon")) is None

@@ -115,3 +115,23 @@ def test_checked_step_takes_an_env_step_and_names_each_wrong_field():
                        (("ok", 0.0, False, False, {}, 1), "5-tuple")]:
         with pytest.raises(RemoteEnvError, match=match):
             checked_step(bad, space, "w")
+
+
+@pytest.mark.parametrize("mode, match", [
+    ("str_messages", "the env's message 3 is a str, not a dict"),
+    ("str_tool_calls", "has tool_calls that are not a list of dicts"),
+    ("reset_str_messages", "the env's message 0 is a str, not a dict"),
+    ("reset_no_messages", "info['messages'] is a NoneType, not a list of messages"),
+])
+def test_a_hostile_servers_unreadable_messages_end_the_episode_as_an_env_error_not_the_collection(
+        hostile, tiny, one_torch_thread, mode, match):
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
+
+    model, tokenizer = tiny
+    with hostile(mode) as url:
+        with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
+                         sampling=SamplingParams(max_new_tokens=4), url=url) as agent:
+            batch = agent.collect(["mixed-0-1", "mixed-0-2"], group_size=1, seed=0).trajectories
+    assert [t.info["end"] for t in batch] == [END_ENV_ERROR] * 2
+    assert all(re.search(f"EnvAnswerError: .*{re.escape(match)}", t.info["error"]) and t.reward == 0.0 for t in batch)

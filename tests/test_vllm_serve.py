@@ -220,3 +220,113 @@ def test_a_trainer_killed_without_stopping_its_server_takes_the_server_down(tmp_
     if orphaned:
         os.kill(pid, 9)  # leave nothing running when the test fails
     assert not orphaned
+
+
+def _stubborn_server(tmp_path: Path) -> Path:
+    """A stand-in server that ignores SIGTERM, as does the worker it forks; both write their pids."""
+    script = tmp_path / "stubborn_server.py"
+    script.write_text(
+        "import http.server, os, signal, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = os.fork()\n"
+        f"open({str(tmp_path / 'pid')!r} + ('.worker' if child == 0 else '.server'), 'w').write(str(os.getpid()))\n"
+        "if child == 0:\n"
+        "    signal.pause()\n"
+        "class Health(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1])), Health).serve_forever()\n"
+    )
+    return script
+
+
+def _stubborn_pids(tmp_path: Path) -> dict[str, int]:
+    deadline = time.monotonic() + 10
+    while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {p.suffix: int(p.read_text()) for p in tmp_path.glob("pid.*")}
+
+
+def _gone_within(pids: dict[str, int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids.values() if _alive(pid)]
+    for pid in left:  # leave nothing running when the test fails
+        os.kill(pid, 9)
+    return not left
+
+
+def test_stop_kills_a_server_that_ignores_sigterm_and_its_workers_after_the_grace(tmp_path):
+    from seeupo_gym.agents.backends.vllm_server import free_port
+
+    port = free_port()
+    server = VLLMServer([sys.executable, str(_stubborn_server(tmp_path))], ["--port", str(port)],
+                        log_path=tmp_path / "serve.log", port=port, stop_grace_s=1.0)
+    server.start()
+    pids = _stubborn_pids(tmp_path)
+    assert set(pids) == {".server", ".worker"} and all(_alive(pid) for pid in pids.values())
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 10
+    assert _gone_within(pids, 2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the supervisor watches its parent on Linux")
+def test_a_sigkilled_trainer_takes_down_a_server_that_ignores_sigterm_and_its_workers(tmp_path):
+    import subprocess
+
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import inspect, sys, time\n"
+        "from seeupo_gym.agents.backends.vllm_server import VLLMServer, free_port\n"
+        "port = free_port()\n"
+        "grace = {'stop_grace_s': 1.0} if 'stop_grace_s' in inspect.signature(VLLMServer).parameters else {}\n"
+        f"server = VLLMServer([sys.executable, {str(_stubborn_server(tmp_path))!r}], ['--port', str(port)], "
+        f"log_path={str(tmp_path / 'serve.log')!r}, port=port, **grace)\n"
+        "server.start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(trainer)], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline().strip() == b"ready"
+        pids = _stubborn_pids(tmp_path)
+        assert set(pids) == {".server", ".worker"} and all(_alive(pid) for pid in pids.values())
+    finally:
+        parent.kill()  # SIGKILL: no atexit, no stop()
+        parent.wait()
+    assert _gone_within(pids, 6)  # the grace (1 s), then SIGKILL to the group
+
+
+@pytest.mark.parametrize("serve_args", [["--host", "0.0.0.0"], ["--max-num-seqs", "4", "--host=0.0.0.0"], ["--hos", "::"]])
+def test_serve_args_that_set_the_host_are_refused_in_one_line_before_any_server_starts(tmp_path, tiny, serve_args):
+    model, tokenizer = tiny
+    with pytest.raises(ServeError, match=r"^generation.serve_args sets the server's address .* set generation.serve_host instead$"):
+        OpenAIBackend.for_training(model, tokenizer, _setup(tmp_path, serve_args=serve_args))
+    assert not (tmp_path / "vllm-serve.log").exists()  # refused before anything ran
+
+
+def test_serve_host_takes_the_server_off_loopback_when_the_operator_sets_it(tmp_path, tiny, one_torch_thread):
+    model, tokenizer = tiny
+    backend = OpenAIBackend.for_training(model, tokenizer, _setup(tmp_path, serve_host="0.0.0.0"))
+    try:
+        launch = httpx.get(backend.server.root_url + "/launch").json()
+    finally:
+        backend.close()
+    argv = launch["argv"]
+    assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == "0.0.0.0"
+
+
+def test_seeupo_train_refuses_serve_args_that_set_the_host_in_one_line_and_exits_2(tmp_path, capsys):
+    from seeupo_gym.training.cli import train_main
+
+    code = train_main([
+        "--config", "tiny-cpu", f"log.output_dir={tmp_path}", "log.trackers=[]", "log.progress_bars=false",
+        "generation.backend=openai", "generation.serve=true", f"generation.serve_command=[{', '.join(STAND_IN_SERVER)}]",
+        "generation.serve_args=[--host, 0.0.0.0]",
+    ])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("seeupo-train: generation.serve_args sets the server's address ('--host')")
+    assert not (tmp_path / "vllm-serve.log").exists()

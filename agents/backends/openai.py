@@ -13,11 +13,20 @@ Two modes:
 
 The server is untrusted: every reply is read up to `max_body_bytes` (compressed replies are
 refused: we ask for identity), parsed as JSON, and checked (token ids are ints in the vocabulary,
-one finite logprob <= 0 per token, at most `max_new_tokens` of them, a known finish reason) before
-anything reaches the agent. 429, 5xx, timeouts and dropped connections are retried with
-exponential backoff (tenacity) within `retries` attempts; anything else ends the request with
-`ServerReplyError`, which the agent turns into an ended episode, not a crashed run. The API key is
-read from the environment variable `api_key_env` and is never logged or put in an error message.
+one finite logprob in [LOGPROB_FLOOR, 0] per token, at most `max_new_tokens` of them, a known finish
+reason) before anything reaches the agent. 429, 5xx, timeouts and dropped connections are retried
+with exponential backoff (tenacity) within `retries` attempts; anything else ends the request with
+`ServerReplyError`, which the agent turns into an ended episode, not a crashed run.
+
+Deadlines are wall-clock: each attempt, connection, headers and body together, ends `timeout_s`
+after it starts, however slowly the server drips its bytes (httpx's own timeout bounds each read
+only); a chat episode (`episode_deadline`) ends `episode_timeout_s` after it starts, retries and
+all turns included.
+
+The API key is read from the environment variable `api_key_env`, is never logged, and is redacted
+(`[redacted]`) from every error message and every string of a reply, so a server that echoes the
+request's headers cannot put it into an error, an episode's info, a log line or a rollouts file.
+Keys under `MIN_SECRET_CHARS` characters are placeholders (`EMPTY`), not secrets, and are left alone.
 """
 
 from __future__ import annotations
@@ -26,10 +35,12 @@ import json
 import math
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+import httpcore
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -41,6 +52,14 @@ MODES = ("tokens", "chat")
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 _FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "tool_calls": FINISH_STOP, "eos": FINISH_STOP}
 MAX_TOOL_CALLS = 64
+MAX_ARGUMENT_DEPTH = 64
+# The lowest logprob accepted for a sampled token. A sampler cannot draw a token of probability
+# below float32's smallest (1.4e-45, log -103.3; float64: -744.4), so only a broken or hostile
+# server sends less; -1e4 leaves room for logprobs taken at another temperature than the draw,
+# and keeps sums and means over a reply (`sampled_nll_mean`) finite (-1e308 overflows them).
+LOGPROB_FLOOR = -1e4
+MIN_SECRET_CHARS = 8
+REDACTED = "[redacted]"
 
 
 class ServerReplyError(RequestError):
@@ -70,7 +89,10 @@ class OpenAIBackend(Backend):
     environment variable holding the key (unset is fine for local servers); vocab_size: token
     ids at or above it are refused (the tokenizer's length; None skips that check);
     max_concurrency: requests in flight at once (`submit` queues the rest);
-    timeout_s: per attempt; retries: attempts per request; max_body_bytes: the largest reply read.
+    timeout_s: the wall-clock deadline of one attempt (connection, headers and body together);
+    retries: attempts per request; max_body_bytes: the largest reply read;
+    episode_timeout_s: the wall-clock deadline of one chat episode, every turn and retry included
+    (`episode_deadline`; 1800 s: a 30-turn AppWorld episode at a slow API's 60 s a turn);
     extra_body: more request fields (e.g. {"top_k": -1}); version_header: the header that carries
     the policy version of a training run's requests.
     """
@@ -90,11 +112,14 @@ class OpenAIBackend(Backend):
         max_body_bytes: int = 16 * 2**20,
         extra_body: dict[str, Any] | None = None,
         backoff_s: float = 0.5,
+        episode_timeout_s: float = 1800.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if max_concurrency < 1 or retries < 1:
             raise ValueError("max_concurrency and retries must be >= 1")
+        if not (timeout_s > 0 and episode_timeout_s > 0):
+            raise ValueError(f"timeout_s and episode_timeout_s must be > 0, got {timeout_s} and {episode_timeout_s}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.mode = mode
@@ -105,14 +130,17 @@ class OpenAIBackend(Backend):
         self.max_body_bytes = max_body_bytes
         self.extra_body = dict(extra_body or {})
         self.backoff_s = backoff_s
+        self.episode_timeout_s = float(episode_timeout_s)
         self.policy_version = 0
         key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self._secrets = _secret_forms(key)
         headers = {"Accept-Encoding": "identity"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._client = httpx.Client(
             headers=headers, timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=max_concurrency)
         )
+        _install_deadlines(self._client)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="openai")
         self._lock = threading.Lock()
         self.requests_sent = 0
@@ -120,7 +148,17 @@ class OpenAIBackend(Backend):
         self._request_model = model  # the served name, then the latest adapter's
 
     def __repr__(self) -> str:  # never shows the key
-        return f"OpenAIBackend({self.base_url!r}, {self.model!r}, mode={self.mode!r})"
+        return self.redact(f"OpenAIBackend({self.base_url!r}, {self.model!r}, mode={self.mode!r})")
+
+    def redact(self, text: str) -> str:
+        """`text` with the API key (and its JSON- and URL-escaped forms) replaced by [redacted]."""
+        for form in self._secrets:
+            text = text.replace(form, REDACTED)
+        return text
+
+    def episode_deadline(self) -> float:
+        """The `time.monotonic()` at which a chat episode starting now must end (pass it to `chat`)."""
+        return time.monotonic() + self.episode_timeout_s
 
     # ------------------------------------------------------------------------------ tokens mode
 
@@ -140,8 +178,10 @@ class OpenAIBackend(Backend):
         --logprobs-mode processed_logprobs`, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True for LoRA runs),
         or one started here for the run (`serve: true`, see `vllm_server.py`) and stopped by `close`.
 
-        Options (the config's `generation` section): base_url, serve, serve_command, serve_args,
-        serve_env, serve_timeout_s, enforce_eager, max_model_len, output_dir (the server's log goes
+        Options (the config's `generation` section): base_url, serve, serve_command, serve_args (no
+        `--host`), serve_host (default 127.0.0.1; another address takes the server off loopback),
+        serve_stop_grace_s (SIGTERM to SIGKILL, default 30), serve_env, serve_timeout_s,
+        enforce_eager, max_model_len, output_dir (the server's log goes
         there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
         weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
@@ -239,7 +279,7 @@ class OpenAIBackend(Backend):
             if response.status_code == 200:
                 return
             if response.status_code not in _RETRY_STATUS or attempt + 1 == self.retries:
-                raise ServerReplyError(f"{route}: HTTP {response.status_code}: {_printable(response.content[:300])}")
+                raise ServerReplyError(f"{route}: HTTP {response.status_code}: {self._snippet(response.content, 300)}")
 
     def _complete(self, prompt: list[int], sampling: SamplingParams) -> Completion:
         stop_ids = list(sampling.stop_token_ids or self.default_stop_token_ids)
@@ -282,8 +322,9 @@ class OpenAIBackend(Backend):
                 raise ServerReplyError(f"the server sent a token id outside the vocabulary: {str(token)[:40]}")
         values = []
         for value in logprobs:
-            if type(value) not in (int, float) or not math.isfinite(value) or value > 1e-4:
-                raise ServerReplyError(f"the server sent a logprob that is not a finite number <= 0: {str(value)[:40]}")
+            if type(value) not in (int, float) or not math.isfinite(value) or not LOGPROB_FLOOR <= value <= 1e-4:
+                raise ServerReplyError(f"the server sent a logprob that is not a finite number in "
+                                       f"[{LOGPROB_FLOOR:g}, 0]: {str(value)[:40]}")
             values.append(min(float(value), 0.0))
         finish = _FINISH.get(str(choice.get("finish_reason")))
         if finish is None:
@@ -293,9 +334,11 @@ class OpenAIBackend(Backend):
     # -------------------------------------------------------------------------------- chat mode
 
     def chat(
-        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None
+        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None,
+        *, deadline: float | None = None,
     ) -> ChatReply:
-        """One assistant reply to `messages` (OpenAI chat format), offering `tools`."""
+        """One assistant reply to `messages` (OpenAI chat format), offering `tools`; `deadline` (a
+        `time.monotonic()`, e.g. `episode_deadline()`) ends the request and its retries there."""
         self._require("chat")
         body: dict[str, Any] = {
             "model": self.model,
@@ -311,7 +354,7 @@ class OpenAIBackend(Backend):
             body["seed"] = sampling.seed
         if sampling.stop_strings:
             body["stop"] = list(sampling.stop_strings)
-        choice = _first_choice(self._post("/chat/completions", body))
+        choice = _first_choice(self._post("/chat/completions", body, deadline))
         message = choice.get("message")
         if not isinstance(message, dict):
             raise ServerReplyError("the server's chat reply has no message")
@@ -325,9 +368,10 @@ class OpenAIBackend(Backend):
         return ChatReply(content=content, tool_calls=calls, finish_reason=finish, raw_tool_calls=raw)
 
     def submit_chat(
-        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None
+        self, messages: list[dict[str, Any]], sampling: SamplingParams, tools: Sequence[dict[str, Any]] | None = None,
+        *, deadline: float | None = None,
     ) -> "Future[ChatReply]":
-        return self._pool.submit(self.chat, messages, sampling, tools)
+        return self._pool.submit(self.chat, messages, sampling, tools, deadline=deadline)
 
     # ------------------------------------------------------------------------------ transport
 
@@ -335,27 +379,39 @@ class OpenAIBackend(Backend):
         if self.mode != mode:
             raise RuntimeError(f"this OpenAIBackend is in {self.mode!r} mode; {mode!r} requests need mode={mode!r}")
 
-    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, route: str, body: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        def give_up(state: Any) -> bool:  # the attempts are spent, or the episode's deadline is
+            return state.attempt_number >= self.retries or (deadline is not None and time.monotonic() >= deadline)
+
         retrying = Retrying(
-            stop=stop_after_attempt(self.retries),
+            stop=give_up,
             wait=wait_exponential_jitter(initial=self.backoff_s, max=30.0),
             retry=retry_if_exception(lambda error: isinstance(error, _Retryable)),
             reraise=True,
         )
         try:
-            return retrying(self._post_once, route, body)
+            return retrying(self._post_once, route, body, deadline)
         except _Retryable as error:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ServerReplyError(f"{error} (the episode's deadline of {self.episode_timeout_s:g} s, "
+                                       f"episode_timeout_s, passed)") from None
             raise ServerReplyError(f"{error} (gave up after {self.retries} attempts)") from None
 
-    def _post_once(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post_once(self, route: str, body: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        started = time.monotonic()
+        if deadline is not None and started >= deadline:
+            raise _Retryable(f"{route}: not sent")
         with self._lock:
             self.requests_sent += 1
         headers = {"X-Policy-Version": str(self.policy_version)}
+        # Every socket operation of this attempt waits at most until then (see _DeadlineStream).
+        _DEADLINE.at = min(started + self.timeout_s, deadline if deadline is not None else math.inf)
         try:
             with self._client.stream("POST", self.base_url + route, json=body, headers=headers) as response:
                 encoding = response.headers.get("content-encoding", "identity").lower()
                 if encoding not in ("", "identity"):
-                    raise ServerReplyError(f"the server sent a {encoding[:20]}-compressed reply; identity was asked for")
+                    shown = _printable(self.redact(encoding).encode())[:20]  # redacted before the cut
+                    raise ServerReplyError(f"the server sent a {shown}-compressed reply; identity was asked for")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise ServerReplyError(f"the server's reply is {declared} bytes, over the {self.max_body_bytes} byte bound")
@@ -366,20 +422,49 @@ class OpenAIBackend(Backend):
                         raise ServerReplyError(f"the server's reply is over the {self.max_body_bytes} byte bound")
                 status = response.status_code
         except httpx.TimeoutException:
-            raise _Retryable(f"{route}: no reply within {self.timeout_s:g} s") from None
+            raise _Retryable(f"{route}: no whole reply within {time.monotonic() - started:.3g} s "
+                             f"(timeout_s={self.timeout_s:g})") from None
         except httpx.TransportError as error:
             raise _Retryable(f"{route}: connection failed ({type(error).__name__})") from None
+        finally:
+            _DEADLINE.at = None
         if status in _RETRY_STATUS:
             raise _Retryable(f"{route}: HTTP {status}")
         if status != 200:
-            raise ServerReplyError(f"{route}: HTTP {status}: {_printable(bytes(data[:300]))}")
+            raise ServerReplyError(f"{route}: HTTP {status}: {self._snippet(data, 300)}")
         try:
             reply = json.loads(bytes(data))
         except (ValueError, RecursionError):
-            raise ServerReplyError(f"{route}: the reply is not JSON: {_printable(bytes(data[:120]))}") from None
+            raise ServerReplyError(f"{route}: the reply is not JSON: {self._snippet(data, 120)}") from None
         if not isinstance(reply, dict):
             raise ServerReplyError(f"{route}: the reply is not a JSON object")
-        return reply
+        if not self._secrets:
+            return reply
+        try:
+            return self._redacted(reply)
+        except RecursionError:  # JSON that parses but nests deeper than Python's stack walks
+            raise ServerReplyError(f"{route}: the reply nests too deep") from None
+
+    def _snippet(self, data: bytes | bytearray, limit: int) -> str:
+        """The start of a server's body for an error message: redacted before it is cut (so no part
+        of the key survives the cut), then printable ASCII."""
+        text = bytes(data).decode("utf-8", errors="replace")
+        if self._secrets:
+            try:  # a JSON body may spell the key in \u escapes: redact its parsed strings
+                text = json.dumps(self._redacted(json.loads(text)), ensure_ascii=False)
+            except (ValueError, RecursionError):
+                pass
+        return _printable(self.redact(text)[:limit].encode("utf-8"))
+
+    def _redacted(self, value: Any) -> Any:
+        """A parsed reply with the key redacted from every string (keys of objects too)."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, list):
+            return [self._redacted(item) for item in value]
+        if isinstance(value, dict):
+            return {self.redact(k): self._redacted(v) for k, v in value.items()}
+        return value
 
     def close(self) -> None:
         try:
@@ -395,12 +480,16 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     import tempfile
 
     from seeupo_gym.agents.backends.vllm import model_folder
-    from seeupo_gym.agents.backends.vllm_server import VLLMServer, free_port, serve_arguments, vllm_command
+    from seeupo_gym.agents.backends.vllm_server import (
+        LOOPBACK, STOP_GRACE_S, VLLMServer, checked_serve_args, free_port, serve_arguments, vllm_command,
+    )
 
     command = vllm_command(options.get("serve_command"))
+    extra = checked_serve_args(options.get("serve_args") or ())
+    host = str(options.get("serve_host") or LOOPBACK)
     port = free_port()
     arguments = serve_arguments(
-        model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype,
+        model_folder(setup.model_name, seed=setup.seed), served_name=served_model, port=port, dtype=setup.dtype, host=host,
         seed=setup.seed, max_model_len=int(options.get("max_model_len") or setup.max_context_tokens),
         # The new adapter is loaded before the oldest kept one is unloaded: one more slot.
         lora_rank=setup.lora_rank, max_loras=keep_adapters + 1,
@@ -411,8 +500,9 @@ def _start_server(setup: TrainingSetup, options: dict[str, Any], served_model: s
     run_dir = options.get("output_dir")
     log_path = os.path.join(run_dir, "vllm-serve.log") if run_dir else os.path.join(tempfile.gettempdir(), f"seeupo-vllm-serve-{port}.log")
     server = VLLMServer(
-        command, arguments + [str(a) for a in options.get("serve_args") or ()], env=env, log_path=log_path,
-        startup_timeout_s=float(options.get("serve_timeout_s", 900.0)), port=port,
+        command, arguments + extra, env=env, log_path=log_path, port=port, host=host,
+        startup_timeout_s=float(options.get("serve_timeout_s", 900.0)),
+        stop_grace_s=float(options.get("serve_stop_grace_s", STOP_GRACE_S)),
     )
     server.start()
     return server
@@ -441,9 +531,102 @@ def _tool_calls(value: Any) -> tuple[tuple[tuple[str, Any], ...], list[dict[str,
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except (ValueError, RecursionError):
                 pass  # kept as the raw string: the env's parser reports it to the model
+        if _depth(arguments) > MAX_ARGUMENT_DEPTH:  # what walks them later recurses
+            raise ServerReplyError(f"a tool call's arguments from the server nest deeper than {MAX_ARGUMENT_DEPTH} levels")
         calls.append((function["name"], arguments))
     return tuple(calls), list(value)
 
 
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in `value`, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _printable(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").encode("ascii", errors="backslashreplace").decode("ascii")
+
+
+def _secret_forms(key: str) -> tuple[str, ...]:
+    """The forms in which a server may echo the key: as sent, JSON-escaped, URL-encoded."""
+    if len(key) < MIN_SECRET_CHARS:
+        return ()
+    from urllib.parse import quote
+
+    forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=False)[1:-1], key.replace("/", "\\/"),
+             quote(key, safe="")}
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+# The deadline of the attempt this thread is making (time.monotonic()), or None: none.
+_DEADLINE = threading.local()
+
+
+def _left(timeout: float | None, expired: type[Exception]) -> float | None:
+    """`timeout` cut to what is left of this thread's deadline; `expired` once nothing is."""
+    deadline = getattr(_DEADLINE, "at", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until the thread's deadline, so a
+    server dripping a byte at a time cannot stretch a request past it."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _left(timeout, httpcore.ConnectTimeout),
+                                                       local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _left(timeout, httpcore.ConnectTimeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _install_deadlines(client: httpx.Client) -> None:
+    """Route the client's connections (direct and through proxies) through `_DeadlineBackend`.
+    httpx exposes no whole-request deadline, so this sets its pools' network backend; a version of
+    httpx without one fails here, at construction, not silently without deadlines."""
+    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        if pool is None or not hasattr(pool, "_network_backend"):
+            raise RuntimeError(f"OpenAIBackend cannot set its request deadlines on httpx {httpx.__version__}'s "
+                               f"{type(transport).__name__}; this httpx keeps no httpcore pool there")
+        pool._network_backend = _DeadlineBackend(pool._network_backend)

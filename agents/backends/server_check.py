@@ -73,6 +73,8 @@ def check_server(backend: Any, *, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     except (ValueError, AttributeError, TypeError, RecursionError):
         return  # answered, in a shape of its own: the requests will tell
     if listed and backend.model not in listed:
-        shown = ", ".join(repr(name[:80]) for name in listed[:8]) + (" ..." if len(listed) > 8 else "")
+        # A server may list the key it was sent as a model name: redacted before the cut.
+        redact = getattr(backend, "redact", lambda text: text)
+        shown = ", ".join(repr(redact(name)[:80]) for name in listed[:8]) + (" ..." if len(listed) > 8 else "")
         logger.warning("model server %s does not list the model %r (it lists %s); requests may fail",
                        url, backend.model[:80], shown)

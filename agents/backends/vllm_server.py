@@ -1,10 +1,16 @@
 """`vllm serve` started for a training run (`generation.serve: true`) and stopped with it.
 
 The server runs on 127.0.0.1 on a free port, in its own process group (so its engine workers go
-down with it), with its output in a log file; on Linux it also gets SIGTERM if the trainer dies
-without stopping it. `start` returns once `/health` answers, or raises
+down with it), with its output in a log file. `start` returns once `/health` answers, or raises
 `ServeError` with the log's last lines when the process exits first or the deadline passes.
-`stop` (idempotent, also registered with atexit) sends SIGTERM to the group, then SIGKILL.
+`stop` (idempotent, also registered with atexit) sends SIGTERM to the group, then SIGKILL after
+`stop_grace_s`. On Linux a small supervisor leads the group: when the trainer dies without
+stopping it (SIGKILL included), it does the same, so no server outlives its trainer whatever
+signal it ignores.
+
+`serve_args` may not set `--host`: the server's routes load weights and adapters with no key, so
+it listens on loopback only, unless the operator sets `host` (`generation.serve_host`, e.g.
+0.0.0.0), which takes it off loopback.
 
 Flags come from the run: the model folder, dtype, seed, context length, logprobs after
 temperature (`--logprobs-mode processed_logprobs`, the recorded-logprob contract of `Completion`)
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 LOCAL_VLLM_PYTHON = Path(".venv-vllm") / "bin" / "python"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_CHARS = 3000
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_S = 30.0
 
 
 class ServeError(RuntimeError):
@@ -66,6 +74,20 @@ def vllm_command(configured: Sequence[str] | None = None) -> list[str]:
     )
 
 
+def checked_serve_args(serve_args: Sequence[object]) -> list[str]:
+    """`generation.serve_args` as strings, or ServeError when one sets the server's address
+    (`--host`, `--host=...`, or an abbreviation argparse would take for it)."""
+    arguments = [str(a) for a in serve_args]
+    for argument in arguments:
+        flag = argument.split("=", 1)[0]
+        if len(flag) >= 4 and "--host".startswith(flag):
+            raise ServeError(
+                f"generation.serve_args sets the server's address ({argument[:60]!r}); the server it starts has no "
+                f"API key and listens on {LOOPBACK} only: to take it off loopback, set generation.serve_host instead"
+            )
+    return arguments
+
+
 def serve_arguments(
     model: str,
     *,
@@ -76,11 +98,12 @@ def serve_arguments(
     max_model_len: int,
     lora_rank: int | None,
     max_loras: int,
+    host: str = LOOPBACK,
 ) -> list[str]:
     """`vllm serve` arguments for a training run's generation server."""
     # --model, not the positional: the server module reads only --model (`vllm serve` takes both).
     arguments = [
-        "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+        "--model", model, "--host", host, "--port", str(port), "--served-model-name", served_name,
         "--dtype", dtype, "--seed", str(seed), "--max-model-len", str(max_model_len),
         "--logprobs-mode", "processed_logprobs",
     ]
@@ -94,7 +117,9 @@ class VLLMServer:
 
     command: the program and its leading arguments (`vllm_command`); arguments: the rest (they name
     `port`: see `serve_arguments`); env: variables added to this process's environment; log_path:
-    where stdout and stderr go; startup_timeout_s: the deadline for /health.
+    where stdout and stderr go; startup_timeout_s: the deadline for /health; stop_grace_s: how long
+    SIGTERM has before SIGKILL, at `stop` and when the trainer dies; host: the address the
+    arguments bind (for /health; 0.0.0.0 is reached on loopback).
     """
 
     def __init__(
@@ -106,6 +131,8 @@ class VLLMServer:
         log_path: str | os.PathLike[str],
         startup_timeout_s: float = 900.0,
         port: int | None = None,
+        stop_grace_s: float = STOP_GRACE_S,
+        host: str = LOOPBACK,
     ) -> None:
         self.command = list(command)
         self.arguments = list(arguments)
@@ -113,11 +140,14 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.startup_timeout_s = float(startup_timeout_s)
         self.port = port or free_port()
+        self.stop_grace_s = float(stop_grace_s)
+        self.host = host
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = LOOPBACK if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -135,7 +165,7 @@ class VLLMServer:
             log.write(f"$ {' '.join(argv)}\n".encode())
             try:
                 self.process = subprocess.Popen(
-                    _dies_with_parent(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    _dies_with_parent(argv, self.stop_grace_s), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env={**os.environ, **self.env}, start_new_session=True,
                 )
             except OSError as error:
@@ -187,8 +217,10 @@ class VLLMServer:
         text = data.decode("utf-8", errors="replace")
         return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
-    def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `grace_s`; safe to call twice."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `grace_s` (default `stop_grace_s`);
+        safe to call twice."""
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         process, self.process = self.process, None
         if process is None:
             return
@@ -212,22 +244,46 @@ class VLLMServer:
         self.stop()
 
 
-# Runs the server under PR_SET_DEATHSIG (Linux): when the trainer dies without stopping it (SIGKILL,
-# an unhandled SIGTERM), the kernel sends the server SIGTERM instead of leaving it serving. The
-# setting survives exec; the check after it covers a trainer that died before it was made. (The
-# kernel ties it to the thread that started the server: start it from a thread that lives as long.)
-_DEATHSIG_SHIM = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+# The group's leader on Linux: it forks the server (which execs) and waits. When the server exits,
+# so does it, with the server's code. When the trainer is gone (its parent changes: SIGKILL, an
+# unhandled signal, a crash), it sends the group SIGTERM, waits `grace` for the server, then sends
+# the group SIGKILL (itself included), so a server that ignores SIGTERM, and its workers, go too.
+# It ignores SIGTERM itself, so that stop()'s SIGTERM reaches the server with the grace stop()
+# gives it; the server gets SIGKILL if the supervisor is killed (PR_SET_PDEATHSIG, set in the forked
+# child of this one-thread process, so no other thread's exit can fire it).
+_SUPERVISOR = (
+    "import ctypes, os, signal, sys, time\n"
+    "trainer, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = os.fork()\n"
+    "if child == 0:\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "    try:\n"
+    "        os.execvp(argv[0], argv)\n"
+    "    except OSError as error:\n"
+    "        print(f'cannot start {argv[0]!r}: {error}', file=sys.stderr, flush=True)\n"
+    "        os._exit(127)\n"
+    "def ended():\n"
+    "    pid, status = os.waitpid(child, os.WNOHANG)\n"
+    "    return None if pid == 0 else os.waitstatus_to_exitcode(status)\n"
+    "while os.getppid() == trainer:\n"
+    "    code = ended()\n"
+    "    if code is not None:\n"
+    "        sys.exit(code if code >= 0 else 128 - code)\n"
+    "    time.sleep(0.2)\n"
+    "os.killpg(0, signal.SIGTERM)\n"
+    "end = time.monotonic() + grace\n"
+    "while time.monotonic() < end and ended() is None:\n"
+    "    time.sleep(0.1)\n"
+    "os.killpg(0, signal.SIGKILL)\n"
 )
 
 
-def _dies_with_parent(argv: list[str]) -> list[str]:
+def _dies_with_parent(argv: list[str], grace_s: float = STOP_GRACE_S) -> list[str]:
     if not sys.platform.startswith("linux"):
         return argv
-    return [sys.executable, "-c", _DEATHSIG_SHIM, str(os.getpid()), *argv]
+    return [sys.executable, "-c", _SUPERVISOR, str(os.getpid()), f"{grace_s:g}", *argv]
 
 
 def _signal_group(pid: int, sig: int) -> None:
