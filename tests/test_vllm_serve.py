@@ -328,5 +328,5 @@ def test_seeupo_train_refuses_serve_args_that_set_the_host_in_one_line_and_exits
     ])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert err.startswith("seeupo-train: generation.serve_args sets the server's address ('--host')")
+    assert err.startswith("seeupo-train: bad config: generation.serve_args sets the server's address ('--host')")
     assert not (tmp_path / "vllm-serve.log").exists()

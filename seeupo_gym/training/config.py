@@ -136,13 +136,16 @@ class GenerationConfig:
     # flags), stopped when the run ends; its output goes to <output_dir>/vllm-serve.log. The
     # command: serve_command (e.g. [/opt/vllm/bin/vllm, serve]), else .venv-vllm's vLLM server module
     # (`make vllm-cpu-venv`), else `vllm serve` from PATH; serve_args: more arguments (e.g. [--max-num-seqs,
-    # "16"]); serve_env: its environment variables (e.g. VLLM_CPU_KVCACHE_SPACE: "2"); serve_timeout_s:
-    # the deadline for its /health to answer (a CPU start takes about a minute).
+    # "16"]; never --host); serve_env: its environment variables (e.g. VLLM_CPU_KVCACHE_SPACE: "2"); serve_timeout_s:
+    # the deadline for its /health to answer (a CPU start takes about a minute); serve_host: its address
+    # (another than 127.0.0.1 takes a server with no API key off loopback); serve_stop_grace_s: SIGTERM to SIGKILL.
     serve: bool = False
     serve_command: list[str] | None = None
     serve_args: list[str] = field(default_factory=list)
     serve_env: dict[str, str] = field(default_factory=dict)
     serve_timeout_s: float = 900.0
+    serve_host: str = "127.0.0.1"
+    serve_stop_grace_s: float = 30.0
     served_model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = 32
@@ -604,6 +607,17 @@ def _check_generation_server(generation: GenerationConfig) -> None:
                           "http://127.0.0.1:8000/v1, or generation.serve=true to start one")
     if not generation.serve_timeout_s > 0:
         raise ConfigError(f"generation.serve_timeout_s must be > 0, got {generation.serve_timeout_s}")
+    if not generation.serve_stop_grace_s >= 0:
+        raise ConfigError(f"generation.serve_stop_grace_s must be >= 0, got {generation.serve_stop_grace_s}")
+    if not str(generation.serve_host).strip():
+        raise ConfigError("generation.serve_host is empty; give an address, e.g. 127.0.0.1")
+    if generation.serve:
+        from seeupo_gym.agents.backends.vllm_server import ServeError, checked_serve_args
+
+        try:
+            checked_serve_args(generation.serve_args)
+        except ServeError as error:
+            raise ConfigError(str(error)) from None
     if generation.serve_command is not None and not generation.serve_command:
         raise ConfigError("generation.serve_command is an empty list; give the command (e.g. [vllm, serve]) or null")
 
