@@ -125,9 +125,47 @@ CASES = {  # case: (verl's order, the kit's order, KL coefficient)
 }
 
 
-def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: int = 1, workdir: str | None = None) -> float:
-    """One step through verl's actor worker and one through the kit from the same weights; the largest
-    parameter difference."""
+def through_trainer(worker, config, rollouts, tokenizer, kl: bool) -> None:
+    """The step as verl's trainer takes it: the rows in a live TransferQueue (on a local Ray), with the
+    old and reference log-probs verl computes before the update, then `SeeUPOTrainer._update_actor`.
+    Only the trainer's set-up (Ray worker groups, rollout servers: `PPOTrainer.__init__` / `init`) is
+    replaced, by the in-process worker."""
+    from types import SimpleNamespace
+
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from seeupo_gym.integrations.verl.seeupo import WorkerGroupActor
+    from seeupo_gym.integrations.verl.trainer import seeupo_trainer_class
+
+    old = WorkerGroupActor(worker).compute_log_prob(verl_batch(rollouts, tokenizer.pad_token_id, True))
+    rows = verl_rows(rollouts)
+    for i, row in enumerate(rows):
+        row["old_log_probs"] = old[i, : len(row["responses"])].clone()
+        if kl:  # the reference is the initial policy, as at a run's first step
+            row["ref_log_prob"] = old[i, : len(row["responses"])].clone()
+    keys = [f"{row['uid']}_s{k}_0" for k, row in enumerate(rows)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows), tags=[{} for _ in keys])
+        cls = seeupo_trainer_class()
+        trainer = cls.__new__(cls)
+        trainer.config, trainer.actor_rollout_wg, trainer.tokenizer, trainer.use_reference_policy = config, worker, tokenizer, kl
+        metrics: dict = {}
+        trainer._update_actor(SimpleNamespace(keys=keys, partition_id="train"), metrics)
+        print(f"through the trainer: {int(metrics['seeupo/turn_pools'])} pools, M mean {metrics['seeupo/m_mean']:+.4f}")
+    finally:
+        tq.close()
+        ray.shutdown()
+
+
+def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: int = 1, workdir: str | None = None,
+             trainer: bool = False) -> float:
+    """One step through verl's actor worker (or its SeeUPO trainer's actor update, `trainer`) and one
+    through the kit from the same weights; the largest parameter difference."""
     import tempfile
 
     from accelerate import Accelerator
@@ -143,14 +181,24 @@ def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: 
     with tempfile.TemporaryDirectory(dir=workdir) as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        worker = cpu_actor_worker(verl_config(verl_overrides(folder, kl, micro_batch)))
+        overrides = verl_overrides(folder, kl, micro_batch)
+        if trainer:  # the launcher's config: SeeUPO's defaults, then these
+            from seeupo_gym.integrations.verl.__main__ import compose
+
+            config = compose([*overrides, "actor_rollout_ref.rollout.n=3", f"algorithm.seeupo.order={verl_order}"])
+        else:
+            config = verl_config(overrides)
+        worker = cpu_actor_worker(config)
 
     # verl: its actor worker (FSDP engine, verl's GSPO loss, KL loss and optimizer), driven by seeupo_step
-    actor = WorkerGroupActor(worker, dp_size=dp_size)
-    batch = verl_batch(rollouts, tokenizer.pad_token_id, with_spans)
-    if kl:  # the reference is the initial policy, as at a run's first step
-        batch.batch["ref_log_prob"] = actor.compute_log_prob(batch)
-    seeupo_step(batch, actor, VerlSeeUPOConfig(order=verl_order))
+    if trainer:
+        through_trainer(worker, config, rollouts, tokenizer, bool(kl))
+    else:
+        actor = WorkerGroupActor(worker, dp_size=dp_size)
+        batch = verl_batch(rollouts, tokenizer.pad_token_id, with_spans)
+        if kl:  # the reference is the initial policy, as at a run's first step
+            batch.batch["ref_log_prob"] = actor.compute_log_prob(batch)
+        seeupo_step(batch, actor, VerlSeeUPOConfig(order=verl_order))
     verl_params = worker_parameters(worker)
 
     # the kit, from the same initial weights
@@ -175,8 +223,11 @@ def main() -> None:
     parser.add_argument("--mask-runs", action="store_true", help="turns from response_mask runs, not recorded turn_spans")
     parser.add_argument("--dp-size", type=int, default=1, help="pad each pool to a multiple of this many ranks")
     parser.add_argument("--micro-batch", type=int, default=1, help="ppo_micro_batch_size_per_gpu")
+    parser.add_argument("--trainer", action="store_true",
+                        help="through SeeUPOTrainer._update_actor, its rows in a live TransferQueue on a local Ray")
     args = parser.parse_args()
-    diff = run_case(args.case, with_spans=not args.mask_runs, dp_size=args.dp_size, micro_batch=args.micro_batch)
+    diff = run_case(args.case, with_spans=not args.mask_runs, dp_size=args.dp_size, micro_batch=args.micro_batch,
+                    trainer=args.trainer)
     print(f"max parameter difference vs the kit: {diff:.3e}")
 
 

@@ -61,6 +61,13 @@ def test_one_step_through_verls_actor_worker_equals_the_kits_natural_order_and_w
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ("reverse", "kl"))
+def test_seeupo_trainers_actor_update_through_a_live_transfer_queue_equals_the_kit(case):
+    # SeeUPOTrainer._update_actor as verl's v1 trainer calls it; only its Ray set-up is replaced (in-process worker).
+    assert parity("--case", case, "--trainer") <= PARITY
+
+
+@pytest.mark.slow
 def test_turns_from_response_mask_runs_equal_the_recorded_spans_step():
     assert parity("--case", "reverse", "--mask-runs") <= PARITY
 
