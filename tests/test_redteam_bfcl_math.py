@@ -8,11 +8,14 @@ any precision, and the checker replayed it. Now a string mpmath reads for `logar
 exponents of at most MAX_INT_DIGITS digits, as integers may: a longer one is an error observation
 before anything runs, in every spelling mpmath accepts. What held (each call a result or an
 error text in well under a second): every other MathAPI function at its extremes, listed below.
+Also here: MessageAPI's `send_message`, which never returns once every message id is given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import decimal
+import signal
 import time
 
 import gymnasium as gym
@@ -20,7 +23,7 @@ import pytest
 
 import seeupo_gym  # noqa: F401  (registers the ids)
 from seeupo_gym.bfcl import get_entry, render_action, render_turn_end
-from seeupo_gym.bfcl.backend import EpisodeBackend
+from seeupo_gym.bfcl.backend import MESSAGE_IDS_GIVEN_LIMIT, EpisodeBackend
 from seeupo_gym.bfcl.calls import MAX_INT_DIGITS, parse_call_list
 from seeupo_gym.bfcl.env import render_tool_action
 
@@ -147,3 +150,39 @@ def test_an_exponent_bomb_sent_as_an_mcp_tool_call_to_seeupo_serve_is_refused_an
         assert refused["action_error"] and (refused["done"], refused["turn"]) == (False, 1)
         ran = env.call_tool("logarithm", value=20, base=10, precision=2)
         assert not ran["action_error"] and "{'result': mpf('1.3" in ran["observation"]
+
+
+@contextlib.contextmanager
+def alarm_after(seconds: int):
+    """A TimeoutError in this (the main) thread after `seconds`: a hang fails the test instead."""
+    def ring(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("given", [MESSAGE_IDS_GIVEN_LIMIT, 90_000])
+def test_send_message_with_the_message_ids_given_planted_instead_of_89000_calls_is_an_error_not_a_hang(given):
+    """MessageAPI draws ids from 10000..99999 until one is free: at 90,000 given, bfcl-eval's
+    `send_message` never returns. The ids are planted in the episode's backend (89,000 calls would
+    take minutes); one below the limit, the message is sent (the control)."""
+    env = make()
+    env.reset(options={"task_id": "multi_turn_base_14"})  # GorillaFileSystem + MessageAPI
+    env.step(render_action(["message_login(user_id='USR001')"]))
+    messages = env.unwrapped._backend.instances["MessageAPI"]
+    messages.generated_ids = set(range(10_000, 10_000 + MESSAGE_IDS_GIVEN_LIMIT - 1))
+    observation, *_, info = env.step(render_action(["send_message(receiver_id='USR002', message='hi')"]))
+    assert "'sent_status': True" in observation or '"sent_status": true' in observation, observation
+    messages.generated_ids = set(range(10_000, 10_000 + given))
+    start = time.monotonic()
+    with alarm_after(20):
+        observation, *_, info = env.step(render_action(["send_message(receiver_id='USR002', message='hi')"]))
+    assert time.monotonic() - start < 1.0
+    assert f"Error during execution: {MESSAGE_IDS_GIVEN_LIMIT} message ids are given" in observation
+    assert info["action_kind"] == "calls" and len(messages.generated_ids) == given

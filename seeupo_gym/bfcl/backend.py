@@ -11,7 +11,8 @@ mpmath's precision for the whole process.
   Argument names must be parameters of the function (a model-written name never reaches
   anything but a dict key), and the arguments of `ARGUMENT_BOUNDS` are bounded whether given
   as numbers or as numeric strings; a string mpmath reads as a number (`MPMATH_STRINGS`) may
-  have exponents of at most `MAX_INT_DIGITS` digits.
+  have exponents of at most `MAX_INT_DIGITS` digits. MessageAPI's `send_message` is an error
+  once `MESSAGE_IDS_GIVEN_LIMIT` message ids are given (at 90,000 it would loop forever).
 - Process-global state a backend call may write (mpmath's precision, decimal's context,
   vehicle_control's long-context weather dict) is saved before and restored after every call,
   under one process-wide lock, so concurrent episodes neither see nor keep each other's settings.
@@ -92,6 +93,12 @@ def _longest_exponent(text: str) -> int:
     """The digits of the largest exponent in a numeric string (leading zeros not counted)."""
     compact = re.sub(r"[\s_]", "", text)
     return max((len(digits.lstrip("0")) for digits in _EXPONENT.findall(compact)), default=0)
+
+
+# MessageAPI draws each message id at random from 10000..99999 until it finds one not yet given:
+# with all 90,000 given, `send_message` loops forever (each call is a model's choice; 64 a
+# response). Here it is an error once this many are given (a draw then takes 90 tries at most).
+MESSAGE_IDS_GIVEN_LIMIT = 89_000
 
 
 # Entries (files and folders) and bytes of file content a GorillaFileSystem may hold beyond its
@@ -339,6 +346,9 @@ class EpisodeBackend:
         method = self._methods.get(call.name)
         if method is None:  # BFCL's eval would raise NameError; the env refuses such calls first
             return f"Error during execution: name '{call.name}' is not defined"
+        if call.name == "send_message" and len(getattr(method.__self__, "generated_ids", ())) >= MESSAGE_IDS_GIVEN_LIMIT:
+            return (f"Error during execution: {MESSAGE_IDS_GIVEN_LIMIT} message ids are given, "
+                    "the most this message API gives; no message was sent")
         # Fresh values per call, as `eval` of a call string makes them: a backend keeps the lists
         # it is given (a tweet's `mentions`) and mutates them later, which must not reach the
         # `Call` (replayed when scoring) or the cached ground truth.
