@@ -152,6 +152,9 @@ def test_mcp_tool_client_against_a_react_format_seeupo_serve_is_told_to_serve_wi
             answer = httpx.post(f"{served.url}/mcp", json={"jsonrpc": "2.0", "id": 3, "method": method,
                                                            "params": {"name": "cd", "arguments": {}}}, timeout=30).json()
             assert answer["id"] == 3 and fix in answer["error"]["message"], answer
+        with pytest.raises(InvalidStatus) as refused:  # openenv's MCP WebSocket: refused before a session is made
+            connect(served.url.replace("http", "ws") + "/mcp", open_timeout=30)
+        assert refused.value.response.status_code == 409 and fix in refused.value.response.body.decode()
         with GenericEnvClient(base_url=served.url).sync() as plain:  # the control: the ReAct format plays
             assert plain.reset(task_id=TASK).observation["info"]["task_id"] == TASK
             step = plain.step({"response": "<think>go</think>\n[cd(folder='document')]"})

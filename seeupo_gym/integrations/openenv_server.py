@@ -558,7 +558,9 @@ class BoundedRequests:
       connection closed, so it holds no slot while a body drips;
     - request bodies at most `max_request_bytes` (413) and complete within `body_timeout_s` (408);
     - an HTTP MCP request may address a session only while its WebSocket is attached, and names
-      `session_id` once (400)."""
+      `session_id` once (400);
+    - where the env has no tools (not `action_format=tools`), `tools/*` requests get an error
+      naming that fix and the MCP WebSocket (`/mcp`) is refused (409) (`mcp_sessions`)."""
 
     def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0,
                  allowed_origins: tuple[str, ...] | list[str] = ()) -> None:
@@ -585,6 +587,8 @@ class BoundedRequests:
                 await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>", close=True)
             return
         if scope["type"] == "websocket":
+            if path == "/mcp" and self.state.openenv.without_mcp_tools is not None:
+                return await _refuse(scope, send, 409, self.state.openenv.without_mcp_tools)  # no session made
             try:
                 attach = query_session_id(scope)
             except BadSessionId as error:
