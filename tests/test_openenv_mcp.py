@@ -21,7 +21,7 @@ from seeupo_gym.bfcl import get_entry  # noqa: E402
 from seeupo_gym.bfcl.calls import parse_call_list  # noqa: E402
 from seeupo_gym.bfcl.data import function_docs  # noqa: E402
 from seeupo_gym.integrations.openenv_server import create_app  # noqa: E402
-from serve_helpers import repo_root, serving_in_process  # noqa: E402
+from serve_helpers import repo_root, serving, serving_in_process  # noqa: E402
 
 TASK = "multi_turn_base_0"
 BFCL_KWARGS = {"action_format": "tools", "max_turns": 30, "split": "all"}
@@ -130,6 +130,35 @@ def test_an_http_made_session_lives_only_as_long_as_its_websocket(bfcl_url):
     assert live_envs() == 0 and "error" in mcp("tools/list", session_id=session_id)
     with pytest.raises(InvalidStatus, match="403"):  # a WebSocket attaches only to HTTP-made sessions
         connect(bfcl_url.replace("http", "ws") + "/ws?session_id=not-an-http-session")
+
+
+def test_mcp_tool_client_against_a_react_format_seeupo_serve_is_told_to_serve_with_action_format_tools():
+    """The seeupo-serve CLI with BFCL in its default (ReAct) format: openenv's MCPToolClient gets an
+    error naming the fix at reset and at every tool call, not openenv's "Environment does not
+    support MCP"; a WebSocket client still plays the format the server serves."""
+    from openenv.core import GenericEnvClient
+
+    fix = "serve it with action_format=tools (seeupo-serve seeupo/BFCL-v4-v0 action_format=tools)"
+    with serving("seeupo/BFCL-v4-v0", "max_turns=30", "split=all") as served:
+        with MCPToolClient(base_url=served.url).sync() as env:
+            with pytest.raises(RuntimeError, match=r"served in the 'react' action format, which has no MCP tools") as reset:
+                env.reset(task_id=TASK)
+            assert fix in str(reset.value)
+            assert env.list_tools() == []  # openenv's client turns any tools/list error into []
+            with pytest.raises(RuntimeError, match=r"^Tool 'cd' failed: seeupo/BFCL-v4-v0 is served in the 'react'") as call:
+                env.call_tool("cd", folder="document")
+            assert fix in str(call.value) and "does not support MCP" not in str(call.value)
+        for method in ("tools/list", "tools/call"):  # raw JSON-RPC, no session
+            answer = httpx.post(f"{served.url}/mcp", json={"jsonrpc": "2.0", "id": 3, "method": method,
+                                                           "params": {"name": "cd", "arguments": {}}}, timeout=30).json()
+            assert answer["id"] == 3 and fix in answer["error"]["message"], answer
+        with pytest.raises(InvalidStatus) as refused:  # openenv's MCP WebSocket: refused before a session is made
+            connect(served.url.replace("http", "ws") + "/mcp", open_timeout=30)
+        assert refused.value.response.status_code == 409 and fix in refused.value.response.body.decode()
+        with GenericEnvClient(base_url=served.url).sync() as plain:  # the control: the ReAct format plays
+            assert plain.reset(task_id=TASK).observation["info"]["task_id"] == TASK
+            step = plain.step({"response": "<think>go</think>\n[cd(folder='document')]"})
+            assert "current_working_directory" in step.observation["text"] and not step.done
 
 
 def test_openenv_harness_adapter_drives_a_served_bfcl_episode_to_the_envs_reward(bfcl_url):

@@ -10,7 +10,9 @@ mpmath's precision for the whole process.
   itself: no `eval`, no module-global instance cache. Dropping the object frees the state.
   Argument names must be parameters of the function (a model-written name never reaches
   anything but a dict key), and the arguments of `ARGUMENT_BOUNDS` are bounded whether given
-  as numbers or as numeric strings.
+  as numbers or as numeric strings; a string mpmath reads as a number (`MPMATH_STRINGS`) may
+  have exponents of at most `MAX_INT_DIGITS` digits. MessageAPI's `send_message` is an error
+  once `MESSAGE_IDS_GIVEN_LIMIT` message ids are given (at 90,000 it would loop forever).
 - Process-global state a backend call may write (mpmath's precision, decimal's context,
   vehicle_control's long-context weather dict) is saved before and restored after every call,
   under one process-wide lock, so concurrent episodes neither see nor keep each other's settings.
@@ -42,13 +44,14 @@ import functools
 import importlib
 import inspect
 import json
+import re
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from seeupo_gym.bfcl.calls import ActionError, Call, parse_call_list
+from seeupo_gym.bfcl.calls import MAX_INT_DIGITS, ActionError, Call, parse_call_list
 from seeupo_gym.bfcl.data import Entry
 from seeupo_gym.text import valid_unicode
 
@@ -75,6 +78,27 @@ ARGUMENT_BOUNDS: dict[tuple[str, str], float] = {
     ("logarithm", "precision"): 1_000,
     ("round_number", "decimal_places"): 1_000,
 }
+
+# Arguments mpmath reads as numbers, strings included ("1e5", "3/4", "1+2j"). It builds a
+# string's 10**exponent by repeated squaring, at a cost growing with the exponent's digits
+# (MathAPI.logarithm: 0.6 s for 1,000 digits, 32 s for 4,250, at any precision). A string here
+# may have exponents of at most MAX_INT_DIGITS digits, as integers may; ground truth passes numbers.
+MPMATH_STRINGS: frozenset[tuple[str, str]] = frozenset({("logarithm", "value"), ("logarithm", "base")})
+# An exponent as mpmath finds it, after dropping what it or float() ignore (spaces, underscores);
+# \d is every digit int() reads, fullwidth ones included.
+_EXPONENT = re.compile(r"e[+-]?(\d+)", re.IGNORECASE)
+
+
+def _longest_exponent(text: str) -> int:
+    """The digits of the largest exponent in a numeric string (leading zeros not counted)."""
+    compact = re.sub(r"[\s_]", "", text)
+    return max((len(digits.lstrip("0")) for digits in _EXPONENT.findall(compact)), default=0)
+
+
+# MessageAPI draws each message id at random from 10000..99999 until it finds one not yet given:
+# with all 90,000 given, `send_message` loops forever (each call is a model's choice; 64 a
+# response). Here it is an error once this many are given (a draw then takes 90 tries at most).
+MESSAGE_IDS_GIVEN_LIMIT = 89_000
 
 
 # Entries (files and folders) and bytes of file content a GorillaFileSystem may hold beyond its
@@ -237,7 +261,8 @@ class EpisodeBackend:
             shown = ", ".join(repr(valid_unicode(str(name)[:100])) for name in unknown[:5])
             raise ActionError(f"{call.name}: unknown argument(s) {shown}; it takes {', '.join(sorted(parameters)) or 'none'}")
         bounded = [(param, limit) for (name, param), limit in ARGUMENT_BOUNDS.items() if name == call.name]
-        if not bounded:
+        read_by_mpmath = [param for name, param in MPMATH_STRINGS if name == call.name]
+        if not bounded and not read_by_mpmath:
             return
         try:
             bound = inspect.signature(method).bind(*call.args, **dict(call.kwargs))
@@ -247,6 +272,10 @@ class EpisodeBackend:
             number = _numeric(bound.arguments.get(param))
             if number is not None and not abs(number) <= limit:  # also NaN and infinities
                 raise ActionError(f"{call.name}: {param} must be at most {limit:g} in absolute value")
+        for param in read_by_mpmath:
+            value = bound.arguments.get(param)
+            if isinstance(value, str) and _longest_exponent(value) > MAX_INT_DIGITS:
+                raise ActionError(f"{call.name}: {param} has an exponent of more than {MAX_INT_DIGITS} digits")
 
     def named(self, call: Call) -> Call:
         """The call with its positional arguments passed by name (the method's own parameter names),
@@ -317,6 +346,9 @@ class EpisodeBackend:
         method = self._methods.get(call.name)
         if method is None:  # BFCL's eval would raise NameError; the env refuses such calls first
             return f"Error during execution: name '{call.name}' is not defined"
+        if call.name == "send_message" and len(getattr(method.__self__, "generated_ids", ())) >= MESSAGE_IDS_GIVEN_LIMIT:
+            return (f"Error during execution: {MESSAGE_IDS_GIVEN_LIMIT} message ids are given, "
+                    "the most this message API gives; no message was sent")
         # Fresh values per call, as `eval` of a call string makes them: a backend keeps the lists
         # it is given (a tweet's `mentions`) and mutates them later, which must not reach the
         # `Call` (replayed when scoring) or the cached ground truth.

@@ -1,6 +1,11 @@
 """MCP sessions made over HTTP, as openenv's `MCPToolClient` makes them: the session table and the
 guard in front of openenv's routes for them.
 
+A server whose env is in a format without tools (ReAct, the default) answers `tools/*` and the
+reset of an HTTP-made session with an error naming the fix (serve with `action_format=tools`);
+openenv would answer "Environment does not support MCP", and `MCPToolClient.list_tools` turns any
+error into `[]`, so the reset is where its user first learns why.
+
 `MCPToolClient` creates a session with `POST /mcp` (`openenv/session/create`), attaches a
 WebSocket to it (`/ws?session_id=...`) and then addresses it by id in `tools/*` requests. Here
 such a session lives only as long as that WebSocket: closed when it leaves, or `attach_timeout_s`
@@ -41,6 +46,9 @@ class SessionServer(HTTPEnvServer):
 
     _watch_task: asyncio.Task | None = None
     attach_timeout_s = 10.0
+    # Why an MCP client gets no tools here (the env is served in a format without tools, and how to
+    # serve it with them), or None when it has them.
+    without_mcp_tools: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +56,9 @@ class SessionServer(HTTPEnvServer):
 
     def track_http_session(self, session_id: str) -> None:
         self._http_sessions[session_id] = time.monotonic() + self.attach_timeout_s
+        env = self._sessions.get(session_id)
+        if env is not None:  # only MCPToolClient makes sessions over HTTP: its reset gets the refusal
+            env.mcp_refusal = self.without_mcp_tools
 
     def is_http_session(self, session_id: str) -> bool:
         return session_id in self._http_sessions
@@ -133,13 +144,17 @@ def http_session_request(body: bytes, server: SessionServer) -> tuple[int, dict[
     if method == "openenv/session/create":
         return 200, None, True
     target = params.get("session_id") if isinstance(params, dict) else None
-    if method == "openenv/session/close" or target is None:
+    if method == "openenv/session/close":
         return 200, None, False
-    if isinstance(target, str) and server.is_http_session(target) and server.is_attached(target):
-        return 200, None, False
-    return 200, _jsonrpc_error(request.get("id"), -32600, (
-        "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
-        "before addressing it; a session lives as long as that connection")), False
+    if target is not None and not (isinstance(target, str) and server.is_http_session(target)
+                                   and server.is_attached(target)):
+        return 200, _jsonrpc_error(request.get("id"), -32600, (
+            "this session has no WebSocket attached: attach one at /ws?session_id=<id> (MCPToolClient does) "
+            "before addressing it; a session lives as long as that connection")), False
+    if server.without_mcp_tools is not None and isinstance(method, str) and method.startswith("tools/"):
+        # openenv would answer "Environment does not support MCP" (and MCPToolClient list no tools)
+        return 200, _jsonrpc_error(request.get("id"), -32601, server.without_mcp_tools), False
+    return 200, None, False
 
 
 def _jsonrpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:

@@ -153,6 +153,7 @@ class GymSession(Environment[ResponseAction, TextObservation, SeeupoState]):
     per-request probes, `/state` and `/metadata`, cost nothing) and closed with the session."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session has its own env instance
+    mcp_refusal: str | None = None  # set on a session MCPToolClient made, where the env has no tools
 
     def __init__(self, env_id: str, make_env: Callable[[dict[str, Any]], gym.Env], slots: Slots,
                  live: set["GymSession"], lock: threading.Lock, session_kwargs: tuple[str, ...] = ()) -> None:
@@ -180,6 +181,8 @@ class GymSession(Environment[ResponseAction, TextObservation, SeeupoState]):
         return self._busy > 0
 
     def reset(self, seed: Any = None, episode_id: Any = None, **options: Any) -> TextObservation:
+        if self.mcp_refusal is not None:
+            raise SessionError(self.mcp_refusal)
         self._busy += 1
         try:
             with self._env_lock:
@@ -295,6 +298,14 @@ class GymSession(Environment[ResponseAction, TextObservation, SeeupoState]):
         safe = json_safe(info if isinstance(info, dict) else {})
         return TextObservation(text=valid_unicode(str(text)), truncated=truncated, info=safe, done=terminated or truncated,
                                reward=reward)
+
+
+def without_mcp_tools_message(env_id: str, action_format: Any) -> str:
+    """The error an MCP client gets from a server whose env has no tools."""
+    shown = f"the {action_format!r} action format" if action_format else "a format without tools"
+    return (f"{env_id} is served in {shown}, which has no MCP tools: for MCPToolClient (tools/list, tools/call) "
+            f"serve it with action_format=tools (seeupo-serve {env_id} action_format=tools); in this format, "
+            "play it over the WebSocket with {\"response\": ...} steps (GenericEnvClient)")
 
 
 class EnvTool(MCPTool):
@@ -452,7 +463,8 @@ def create_app(
         raise ValueError(f"idle_timeout_s must be at least 5 seconds, got {idle_timeout_s}")
     probe = gym.make(env_id, **env_kwargs)
     try:
-        tools = getattr(probe.unwrapped, "action_format", None) == "tools"
+        action_format = getattr(probe.unwrapped, "action_format", None)
+        tools = action_format == "tools"
         if tools:
             _check_reads_rendered_calls(probe.unwrapped)
         task_ids = getattr(probe.unwrapped, "task_ids", None)
@@ -495,6 +507,8 @@ def create_app(
         state_cls=SeeupoState,
     )
     server.attach_timeout_s = attach_timeout_s
+    if not tools:
+        server.without_mcp_tools = without_mcp_tools_message(env_id, action_format)
     server.register_routes(app)
     app.state.openenv = server
     app.state.slots = slots
@@ -544,7 +558,9 @@ class BoundedRequests:
       connection closed, so it holds no slot while a body drips;
     - request bodies at most `max_request_bytes` (413) and complete within `body_timeout_s` (408);
     - an HTTP MCP request may address a session only while its WebSocket is attached, and names
-      `session_id` once (400)."""
+      `session_id` once (400);
+    - where the env has no tools (not `action_format=tools`), `tools/*` requests get an error
+      naming that fix and the MCP WebSocket (`/mcp`) is refused (409) (`mcp_sessions`)."""
 
     def __init__(self, app: FastAPI, *, max_request_bytes: int, token: str | None, body_timeout_s: float = 60.0,
                  allowed_origins: tuple[str, ...] | list[str] = ()) -> None:
@@ -571,6 +587,8 @@ class BoundedRequests:
                 await _send_json(send, 401, "missing or wrong token: send Authorization: Bearer <token>", close=True)
             return
         if scope["type"] == "websocket":
+            if path == "/mcp" and self.state.openenv.without_mcp_tools is not None:
+                return await _refuse(scope, send, 409, self.state.openenv.without_mcp_tools)  # no session made
             try:
                 attach = query_session_id(scope)
             except BadSessionId as error:
