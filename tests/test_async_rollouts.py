@@ -296,3 +296,28 @@ def test_vllm_cpu_submit_matches_generate_and_per_episode_collection_repeats(mon
         ) as agent:
             runs.append(rollouts(agent.collect([None, None], group_size=3, seed=2)))
     assert runs[0] == runs[1] and len(runs[0]) == 6
+
+
+def test_the_engine_thread_has_ended_before_the_interpreter_finalizes(tmp_path):
+    """A daemon engine thread still freeing a tensor when the interpreter finalizes is ended by
+    pthread_exit inside torch's C++, and the process aborts ("terminate called without an
+    active exception", about 1 run in 12 of the README's agent block). An exit callback
+    registered before the engine starts runs after the engine's own (atexit is last in, first
+    out) and sees whether the thread is still alive."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, threading\n"
+        "atexit.register(lambda: print('engine threads alive at exit:', "
+        "sum(t.name == 'hf-engine' and t.is_alive() for t in threading.enumerate())))\n"
+        "from seeupo_gym.agents import HFBackend, SamplingParams, load_model\n"
+        "model, tokenizer = load_model('tiny')\n"
+        "backend = HFBackend(model, tokenizer)\n"
+        "print(len(backend.submit([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0)).result().token_ids))\n"
+    )
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "engine threads alive at exit: 0", done.stdout

