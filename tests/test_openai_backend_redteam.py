@@ -227,3 +227,57 @@ def test_tool_call_arguments_nested_700_deep_end_the_request_not_the_collection(
     finally:
         backend.close()
     assert episode.info["end"] == "backend_error" and "nest deeper than 64 levels" in episode.info["error"]
+
+
+def test_seeupo_eval_takes_the_episode_and_request_deadlines_from_its_flags(hostile, tmp_path, capsys):
+    from seeupo_gym.training.cli import eval_main
+
+    def evaluate(*flags: str) -> tuple[int, dict, str, float]:
+        rollouts = tmp_path / f"rollouts{len(flags)}.jsonl"
+        started = time.monotonic()
+        code = eval_main([
+            "--base-url", hostile + "/slow-0.4/v1", "--model", "m", "--api-key-env", "SEEUPO_UNSET_KEY",
+            "--env", "seeupo/TurnBandit-v0", "--env-kwargs", json.dumps({"max_turns": 8}), "--tasks", "mixed-0-1",
+            "-k", "1", "--rollouts", str(rollouts), "--no-progress", *flags,
+        ])
+        (record,) = [json.loads(line) for line in rollouts.read_text().splitlines()]
+        return code, record, capsys.readouterr().err, time.monotonic() - started
+
+    # Eight 0.4 s turns outlast an episode deadline of 1.2 s: the episode ends there, with its reason.
+    code, record, said, elapsed = evaluate("--episode-timeout", "1.2")
+    assert code == 1 and record["end"] == "backend_error" and "episode's deadline of 1.2 s" in said
+    assert elapsed < 15.0
+    # A request deadline below one reply's 0.4 s fails each request.
+    code, record, said, _ = evaluate("--request-timeout", "0.1")
+    assert code == 1 and record["end"] == "backend_error" and "(timeout_s=0.1)" in said
+    # The control: the defaults let the eight turns play.
+    code, record, _, _ = evaluate()
+    assert code == 0 and record["end"] == "truncated" and len(record["actions"]) == 8
+    for flag in ("--request-timeout", "--episode-timeout"):
+        assert eval_main(["--base-url", hostile + "/v1", "--model", "m", flag, "0"]) == 2
+        assert f"{flag} must be > 0" in capsys.readouterr().err
+
+
+def test_training_generation_takes_its_request_deadline_from_the_config(hostile):
+    from seeupo_gym.agents.backends import TrainingSetup
+    from seeupo_gym.agents.models import load_tokenizer
+
+    def backend(**options):  # a reply of 146 bytes, one each 5 ms: 0.7 s
+        setup = TrainingSetup(model_name="m", dtype="float32", seed=0, lora_rank=0, max_context_tokens=512,
+                              processes=1, sharded=False,
+                              options={"base_url": hostile + "/drip-0.005/v1", "api_key_env": "SEEUPO_UNSET_KEY",
+                                       **options})
+        return OpenAIBackend.for_training(None, load_tokenizer("tiny"), setup)
+
+    short = backend(request_timeout_s=0.2)
+    try:
+        with pytest.raises(ServerReplyError, match=r"\(timeout_s=0\.2\)"):
+            short.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    finally:
+        short.close()
+    default = backend()  # the control: 300 s by default, and the reply arrives
+    try:
+        (completion,) = default.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    finally:
+        default.close()
+    assert default.timeout_s == 300.0 and completion.token_ids

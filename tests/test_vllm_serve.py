@@ -159,6 +159,8 @@ def test_seeupo_train_reports_a_server_that_did_not_start_and_exits_2(tmp_path, 
     (["generation.backend=openai"], "set generation.base_url to your server.*or generation.serve=true"),
     (["generation.backend=openai", "generation.serve=true", "generation.serve_timeout_s=0"],
      "generation.serve_timeout_s must be > 0"),
+    (["generation.backend=openai", "generation.base_url=http://127.0.0.1:1/v1", "generation.request_timeout_s=nan"],
+     "generation.request_timeout_s must be > 0"),
     (["generation.backend=openai", "generation.serve=true", "generation.serve_command=[]"],
      "generation.serve_command is an empty list"),
 ])

@@ -182,7 +182,7 @@ class OpenAIBackend(Backend):
         `--host`), serve_host (default 127.0.0.1; another address takes the server off loopback),
         serve_stop_grace_s (SIGTERM to SIGKILL, default 30), serve_env, serve_timeout_s,
         enforce_eager, max_model_len, output_dir (the server's log goes
-        there), served_model (default model.name_or_path), api_key_env, max_concurrency, timeout_s,
+        there), served_model (default model.name_or_path), api_key_env, max_concurrency, request_timeout_s,
         weights_dir (a folder the server can read: adapters and weights are written there for it to load)."""
         options = dict(setup.options)
         base_url = options.get("base_url")
@@ -205,7 +205,7 @@ class OpenAIBackend(Backend):
                 vocab_size=len(tokenizer),
                 stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None),
                 max_concurrency=int(options.get("max_concurrency", 32)),
-                timeout_s=float(options.get("timeout_s", 300.0)),
+                timeout_s=float(options.get("request_timeout_s", 300.0)),
             )
         except BaseException:
             if server is not None:

@@ -193,6 +193,11 @@ def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(vLLM's completions extensions; needs --tokenizer)")
     server.add_argument("--tokenizer", help="tokens mode: the served model's tokenizer ('tiny', 'embedded', an id or path)")
     server.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
+    server.add_argument("--request-timeout", type=float, default=120.0, metavar="S",
+                        help="the deadline of each attempt of a request, headers and body together (default 120 s)")
+    server.add_argument("--episode-timeout", type=float, default=1800.0, metavar="S",
+                        help="chat mode: the deadline of a whole episode, every turn and retry included; the "
+                             "episode ends with an error there (default 1800 s)")
     metric = parser.add_argument_group("how")
     metric.add_argument("--protocol", choices=("paper",),
                         help="paper: the SeeUPO paper's evaluation (its preset's test split, each task 4 times at "
@@ -359,8 +364,13 @@ def _eval_source(args: argparse.Namespace, name: str) -> ModelSource:
         raise ConfigError("--mode tokens needs --tokenizer (the served model's: 'tiny', 'embedded', an id or a path)")
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
-    return ModelSource(name, base_url=args.base_url, api_key_env=args.api_key_env, mode=args.mode,
-                       tokenizer=args.tokenizer, concurrency=args.concurrency)
+    source = ModelSource(name, base_url=args.base_url, api_key_env=args.api_key_env, mode=args.mode,
+                         tokenizer=args.tokenizer, concurrency=args.concurrency,
+                         request_timeout_s=args.request_timeout, episode_timeout_s=args.episode_timeout)
+    for flag, value in (("--request-timeout", args.request_timeout), ("--episode-timeout", args.episode_timeout)):
+        if not value > 0:
+            raise ConfigError(f"{flag} must be > 0, got {value}")
+    return source
 
 
 def _settings_given(args: argparse.Namespace) -> bool:

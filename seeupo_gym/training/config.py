@@ -149,6 +149,9 @@ class GenerationConfig:
     served_model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = 32
+    # openai: the deadline of each attempt of a request (connection, headers and body together);
+    # a turn fails after its retries, and the episode with it.
+    request_timeout_s: float = 300.0
     weights_dir: str | None = None
     # hf: bound of the prefix cache (KV states reused across turns and a group's rollouts); 0: off.
     prefix_cache_mib: int = 1024
@@ -605,8 +608,9 @@ def _check_generation_server(generation: GenerationConfig) -> None:
     if generation.backend == "openai" and not (generation.base_url or generation.serve):
         raise ConfigError("generation.backend is openai: set generation.base_url to your server, e.g. "
                           "http://127.0.0.1:8000/v1, or generation.serve=true to start one")
-    if not generation.serve_timeout_s > 0:
-        raise ConfigError(f"generation.serve_timeout_s must be > 0, got {generation.serve_timeout_s}")
+    for name in ("serve_timeout_s", "request_timeout_s"):
+        if not getattr(generation, name) > 0:
+            raise ConfigError(f"generation.{name} must be > 0, got {getattr(generation, name)}")
     if not generation.serve_stop_grace_s >= 0:
         raise ConfigError(f"generation.serve_stop_grace_s must be >= 0, got {generation.serve_stop_grace_s}")
     if not str(generation.serve_host).strip():

@@ -76,6 +76,8 @@ class ModelSource:
     Server settings: `mode` chat (messages and tools, any API model) or tokens (token ids and
     logprobs, vLLM's completions extensions, with `tokenizer`); the API key is read from the
     environment variable `api_key_env` when the backend is built and is never stored here.
+    Deadlines: `request_timeout_s` for each attempt of a request (connection, headers and body
+    together), `episode_timeout_s` for a whole chat episode, every turn and retry included.
     """
 
     name: str
@@ -85,6 +87,8 @@ class ModelSource:
     mode: str = "chat"
     tokenizer: str | None = None
     concurrency: int = 8
+    request_timeout_s: float = 120.0
+    episode_timeout_s: float = 1800.0
 
     @property
     def served(self) -> bool:
@@ -112,6 +116,9 @@ class ModelSource:
                 raise ConfigError("tokens mode needs the served model's tokenizer ('tiny', 'embedded', an id or a path)")
             if int(self.concurrency) < 1:
                 raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
+            for name in ("request_timeout_s", "episode_timeout_s"):
+                if not float(getattr(self, name)) > 0:  # NaN fails too
+                    raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
             return
         if self.checkpoint is not None:
             from seeupo_gym.training.checkpoint import HF_FOLDER
@@ -192,7 +199,8 @@ def _server_backend(source: ModelSource) -> tuple[Any, Any]:
         vocab_size = len(tokenizer)
         stop_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
     backend = OpenAIBackend(source.base_url or "", source.name, mode=source.mode, api_key_env=source.api_key_env,
-                            vocab_size=vocab_size, stop_token_ids=stop_ids, max_concurrency=int(source.concurrency))
+                            vocab_size=vocab_size, stop_token_ids=stop_ids, max_concurrency=int(source.concurrency),
+                            timeout_s=float(source.request_timeout_s), episode_timeout_s=float(source.episode_timeout_s))
     return backend, tokenizer
 
 

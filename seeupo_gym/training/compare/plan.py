@@ -211,7 +211,8 @@ def build_plan(
 # A label names a folder of the comparison: no separators, no dot-dot.
 _LABEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 # --set LABEL.key=value options of a served model (seeupo-eval's --api-key-env, --mode, --tokenizer, --concurrency).
-SERVER_OPTIONS = {"api_key_env": str, "mode": str, "tokenizer": str, "concurrency": int}
+SERVER_OPTIONS = {"api_key_env": str, "mode": str, "tokenizer": str, "concurrency": int,
+                  "request_timeout_s": float, "episode_timeout_s": float}
 
 
 @dataclass
@@ -257,10 +258,14 @@ def parse_model(item: str, options: dict[str, Any] | None = None) -> tuple[str, 
         unknown = sorted(set(options) - set(SERVER_OPTIONS))
         if unknown:
             raise ConfigError(f"--set {label}.{unknown[0]}: a served model takes {sorted(SERVER_OPTIONS)}")
-        try:
-            typed = {key: SERVER_OPTIONS[key](value) for key, value in options.items()}
-        except (TypeError, ValueError):
-            raise ConfigError(f"--set {label}.concurrency must be an integer, got {options.get('concurrency')!r}") from None
+        typed = {}
+        for key, value in options.items():
+            kind = SERVER_OPTIONS[key]
+            try:
+                typed[key] = kind(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"--set {label}.{key} must be {'an integer' if kind is int else 'a number'}, "
+                                  f"got {value!r}") from None
         return label, ModelSource(served["name"], base_url=served["url"], **typed)
     if options:
         raise ConfigError(f"--set {label}.{sorted(options)[0]}: {label} is not a served model (NAME@URL); "
