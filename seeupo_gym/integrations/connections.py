@@ -8,7 +8,7 @@ its peer (the remote IP address) holds `max_connections_per_peer` already, so th
 take every slot; closes one whose request head (the request line and headers, a WebSocket upgrade
 request included) is not complete `header_timeout_s` after it opened or after its previous answer;
 and closes one answered before its request body ended (a refusal), whose rest could drip forever.
-Reading a body within its deadline is the app's (`openenv_server.BoundedRequests`).
+Reading a body within its deadline is the app's (`request_guard.BoundedRequests`).
 """
 
 from __future__ import annotations

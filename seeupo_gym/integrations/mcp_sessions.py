@@ -12,7 +12,7 @@ such a session lives only as long as that WebSocket: closed when it leaves, or `
 after creation if none came (openenv would keep it until its idle reaper runs). A WebSocket may
 attach only to a session made over HTTP, and an HTTP request may address a session only while its
 WebSocket is attached. The guard reads `session_id` with the parser openenv reads it with and
-refuses one named twice or empty. `BoundedRequests` (`openenv_server`) calls the guard functions
+refuses one named twice or empty. `BoundedRequests` (`request_guard`) calls the guard functions
 below.
 """
 
