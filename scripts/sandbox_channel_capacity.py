@@ -1,6 +1,7 @@
 """Measure channels between two concurrent AppWorld sandboxes that the sandbox leaves open, in bits/s.
 
     .venv/bin/python scripts/sandbox_channel_capacity.py [--channel cpu|inodes] [--slots-ms 10,20,50] [--bits 64]
+        [--exclusive-steps]
 
 Two real sandboxed servers run one cell each at the same time; the sender, in sandbox A, sends
 random bits, one per time slot, and the receiver, in sandbox B, decodes them. Both start at
@@ -13,6 +14,10 @@ receiver's threshold.
 - inodes: the inode numbers the kernel gives new pipes and sockets come from one machine-wide
   counter, handed to each CPU in batches of 1024 (`get_next_ino`); for a 1 the sender makes
   pipes, the receiver (pinned to one CPU) reads how many batches other CPUs took in the slot.
+
+With --exclusive-steps (`SandboxLimits(exclusive_steps=True)`) the two cells cannot run at the
+same time: one runs after the other, and what the receiver decodes is what a sender it never
+overlaps could pass in real time.
 
 Prints, per slot length, the raw rate, the symbol error rate over the payload and the capacity
 of a binary symmetric channel with that error rate, (1 - H(p)) / slot, with the load average.
@@ -30,6 +35,7 @@ import threading
 import time
 
 from seeupo_gym.appworld import find_data_dir, find_python
+from seeupo_gym.appworld.sandbox import SandboxLimits
 from seeupo_gym.appworld.server import AppWorldServer
 
 # A route past AppWorld's guards to the OS, as model code would take (see tests/).
@@ -165,16 +171,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channel", choices=("cpu", "inodes"), default="cpu",
                         help="cpu: contention timed on CLOCK_MONOTONIC; inodes: the pipe inode counter")
+    parser.add_argument("--exclusive-steps", action="store_true",
+                        help="the sandboxes' steps one at a time (SandboxLimits(exclusive_steps=True))")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     data = find_data_dir("mini")
-    servers = [AppWorldServer(find_python(), data) for _ in range(2)]
+    limits = SandboxLimits(exclusive_steps=args.exclusive_steps)
+    servers = [AppWorldServer(find_python(), data, limits=limits) for _ in range(2)]
     try:
         for server in servers:
             server.start()
         for server in servers:
             server.wait_ready()
-        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs; "
+              f"exclusive_steps={args.exclusive_steps}")
         print("slot_ms  raw_bit/s  errors  symbol_error_rate  capacity_bit/s  load_1m")
         for slot_ms in (float(x) for x in args.slots_ms.split(",")):
             payload = [rng.randrange(2) for _ in range(args.bits)]

@@ -503,6 +503,53 @@ def test_locks_model_code_takes_exclude_nothing_and_sqlite_still_reads_the_tasks
     assert lines[0] == "taken" and all(line.endswith("refused") for line in lines[1:]), output
 
 
+
+def test_exclusive_steps_never_run_two_sandboxes_cells_at_once(server, other_server):
+    """With `SandboxLimits(exclusive_steps=True)` a cell runs only while no other sandbox's does,
+    so one cannot time another's CPU use: two cells started together, each spinning 0.6 s on
+    CLOCK_MONOTONIC, run one after the other. The control, without it: they overlap."""
+    import dataclasses
+    import threading
+
+    spin = CLOCK + "start = now()\nwhile now() < start + 0.6:\n    pass\nprint(start, now())\n"
+
+    def together() -> list[tuple[float, float]]:
+        for each in (server, other_server):
+            run(each, "print(1)", fresh=True)  # both episodes open and stopped between steps
+        spans: list[str] = []
+        threads = [threading.Thread(target=lambda s=each: spans.append(run(s, spin))) for each in (server, other_server)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sorted(tuple(float(x) for x in span.split()) for span in spans)
+
+    (a_start, a_end), (b_start, b_end) = together()
+    assert b_start < a_end, "the control: without exclusive_steps the two cells overlap"
+    saved = server.limits, other_server.limits
+    try:
+        server.limits = dataclasses.replace(server.limits, exclusive_steps=True)
+        other_server.limits = dataclasses.replace(other_server.limits, exclusive_steps=True)
+        (a_start, a_end), (b_start, b_end) = together()
+    finally:
+        server.limits, other_server.limits = saved
+    assert a_end - a_start >= 0.6 and b_start >= a_end, (a_start, a_end, b_start, b_end)
+
+
+
+def test_a_step_waiting_past_exclusive_wait_s_fails_as_a_timeout_and_the_lock_frees_with_its_holder():
+    from seeupo_gym.appworld.server import ServerTimeout, exclusive_step
+
+    with exclusive_step(1.0):
+        started = time.monotonic()
+        with pytest.raises(ServerTimeout, match="exclusive_wait_s=0.2"):
+            with exclusive_step(0.2):
+                pass
+        assert 0.2 <= time.monotonic() - started < 2.0
+    with exclusive_step(0.2):  # released when its holder left
+        pass
+
+
 # Global kernel counters: a sandbox busy with memory, scratch files, CPU, processes and Unix
 # sockets, while another sandbox reads every file under /proc and /sys it can (a bounded
 # read each) before and during that activity.

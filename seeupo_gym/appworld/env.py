@@ -190,7 +190,9 @@ class AppWorldEnv(gym.Env[str, str]):
             `seeupo_gym.appworld.sandbox`); a machine that cannot run it gets an error naming
             what is missing. "none": no sandbox, model code runs as you and can reach your
             files, network and the grader: unsafe for training, for debugging only.
-        limits: rlimits of each episode's process and the memory of its sandbox (`SandboxLimits`).
+        limits: rlimits of each episode's process and the memory of its sandbox (`SandboxLimits`,
+            or its fields as a dict, e.g. `{"exclusive_steps": true}` from a config: the steps of
+            concurrent sandboxes one at a time).
     """
 
     metadata = {"render_modes": []}
@@ -211,7 +213,7 @@ class AppWorldEnv(gym.Env[str, str]):
         startup_timeout: float = 180.0,
         recycle_after: int = 300,
         sandbox: str = "bwrap",
-        limits: SandboxLimits | None = None,
+        limits: SandboxLimits | dict[str, Any] | None = None,
         action_format: str = "react",
         tool_parser: str = "hermes",
     ) -> None:
@@ -224,6 +226,8 @@ class AppWorldEnv(gym.Env[str, str]):
         if action_format not in ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
         find_tool_parser(tool_parser)  # an unknown parser name is a clear error here
+        if isinstance(limits, dict):  # from a config's env.kwargs
+            limits = SandboxLimits(**limits)
         self.action_format = action_format
         self.tool_parser = tool_parser
         self.split = split

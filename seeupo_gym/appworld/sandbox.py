@@ -74,6 +74,10 @@ class SandboxLimits:
     scratch_mb: size of /scratch (a tmpfs: counted in total_memory_mb too).
     pending_signals: queued signals (RLIMIT_SIGPENDING; they count against the host user that
     made the sandbox too). locked_mb: locked memory (RLIMIT_MEMLOCK).
+    exclusive_steps: the steps of every sandbox of this user on this machine run one at a time
+    (`server.exclusive_step`), which closes the CPU-contention channel between concurrent
+    episodes (README, "Channels that remain") at the price of their parallelism; a step waits
+    at most exclusive_wait_s for its turn, then fails as a timeout.
     """
 
     memory_mb: int = 3072
@@ -85,8 +89,12 @@ class SandboxLimits:
     scratch_mb: int = 256
     pending_signals: int = 256
     locked_mb: int = 0
+    exclusive_steps: bool = False
+    exclusive_wait_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if not self.exclusive_wait_s > 0:
+            raise ValueError(f"exclusive_wait_s must be > 0, got {self.exclusive_wait_s}")
         if self.total_memory_mb <= self.memory_mb:
             raise ValueError(
                 f"total_memory_mb ({self.total_memory_mb}) must exceed memory_mb ({self.memory_mb}): "

@@ -26,6 +26,8 @@ started afresh at the next reset; an episode process that fails ends its episode
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -81,6 +83,37 @@ class ServerTimeout(RuntimeError):
 
 # Servers still running, killed at interpreter exit. Global because atexit is: contained here.
 _LIVE: weakref.WeakSet[AppWorldServer] = weakref.WeakSet()
+
+
+def _step_lock_path() -> Path:
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"seeupo-appworld-steps-{os.getuid()}.lock"
+
+
+@contextlib.contextmanager
+def exclusive_step(wait_s: float):
+    """The machine's one lock for the steps of `exclusive_steps` sandboxes (every process and
+    thread of this user): a file lock, released when its descriptor closes, so a host process
+    that dies holds nothing. Model code never sees the file (it is outside every sandbox)."""
+    path = _step_lock_path()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_uid != os.getuid():  # planted by another user, who could hold it forever
+            raise ServerError(f"{path} belongs to another user; remove it or set XDG_RUNTIME_DIR")
+        deadline = time.monotonic() + wait_s
+        delay = 0.0002
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ServerTimeout(f"waited {wait_s:g} s for the other sandboxes' steps to let this one run "
+                                        f"(exclusive_steps; exclusive_wait_s={wait_s:g})") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.002)
+        yield
+    finally:
+        os.close(fd)
 
 
 @atexit.register
@@ -441,6 +474,12 @@ class AppWorldServer:
         processes cannot be made still is killed by the sweep: its next request ends it."""
         if self._episode is None:
             raise ServerError("no episode is open")
+        if not self.limits.exclusive_steps:
+            return self._run_episode_request(message, timeout)
+        with exclusive_step(self.limits.exclusive_wait_s):  # from thaw to freeze: no other sandbox runs
+            return self._run_episode_request(message, timeout)
+
+    def _run_episode_request(self, message: dict[str, Any], timeout: float) -> Any:
         if self._episode_frozen:
             self._cells.request({"op": "thaw"}, timeout=CONTROL_TIMEOUT_S)
             self._episode_frozen = False
