@@ -36,3 +36,19 @@ def test_the_readme_tours_collect_prints_a_bar_that_moves_every_response(capsys)
     assert [t.reward for t in batch] == [t.reward for t in again]
     shown = capsys.readouterr().err.replace("\r", "\n")
     assert "collect:" in shown and "1 response," in shown and "2 responses" in shown, shown
+
+
+def test_the_chat_mode_bar_redraws_after_each_reply_of_one_long_episode():
+    # One episode of four slow replies: before, the bar sat at 0/1 with no change until the episode ended.
+    def slow(body: dict) -> tuple[int, dict]:
+        time.sleep(0.4)
+        return chat_reply("A")
+
+    with ModelServer(slow) as server:
+        done = run("seeupo-eval", "--base-url", server.url + "/v1", "--model", "m", "--env", "seeupo/TurnBandit-v0",
+                   "--env-kwargs", json.dumps({"variant": "easy", "num_tasks": 1, "turns": [4, 4], "max_turns": 4}),
+                   "--concurrency", "1")
+    assert done.returncode == 0, done.stderr
+    frames = [line for line in done.stderr.replace("\r", "\n").splitlines() if "| 0/1 [" in line]
+    shown = "\n".join(frames)
+    assert all(f"{label}]" in shown for label in ("1 reply", "2 replies", "3 replies")), done.stderr

@@ -277,7 +277,8 @@ def evaluate_policy(
         def on_turn(reply: Any) -> None:
             nonlocal replies
             replies += 1
-            bar.set_postfix_str(f"{replies} replies", refresh=False)
+            # Redrawn now: a chat episode can take minutes of replies before the bar's count moves.
+            bar.set_postfix_str("1 reply" if replies == 1 else f"{replies} replies")
 
         with bar:
             for index, begin in enumerate(range(0, len(tasks), chunk)):

@@ -26,6 +26,7 @@ from seeupo_gym.training.compare.stats import (
     window_width,
 )
 from seeupo_gym.training.config import ConfigError
+from seeupo_gym.text import counted
 from seeupo_gym.training.run_files import refuse_links, write_run_text
 
 # The comparison's own record: command, settings, eval tasks, runs, wall time, failures.
@@ -184,7 +185,7 @@ def write_report(folder: str | Path) -> Path:
         f"Model **{model['name_or_path']}**{' with LoRA ' + _kwargs_text(model['lora']) if model.get('lora') else ''}, "
         f"env `{env['id']}` {_kwargs_text(env['kwargs'])}. "
         f"Every run: {train['steps']} steps x {train['tasks_per_step']} tasks x {train['group_size']} rollouts, "
-        f"responses of at most {sampling['max_new_tokens']} tokens at temperature {sampling['temperature']}, "
+        f"responses of at most {counted(sampling['max_new_tokens'], 'token')} at temperature {sampling['temperature']}, "
         f"lr {config['optim']['lr']:g}; seeds {', '.join(map(str, seeds))} (the same for every algorithm: same tasks "
         "per step, same initial weights).",
         f"Evaluation: {len(info['eval_tasks'])} tasks x {info['eval']['n']} rollouts at temperature "
