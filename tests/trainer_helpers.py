@@ -121,5 +121,7 @@ def trainable_changed(model: torch.nn.Module) -> float:
     changed = 0.0
     for name, param in model.named_parameters():
         name = name.removeprefix("module.")
-        changed = max(changed, float((param.detach() - start[name]).abs().max()))
+        # The trained model may sit on a GPU and in another dtype; the snapshot is on CPU in fp32.
+        current = param.detach().to(device="cpu", dtype=torch.float32)
+        changed = max(changed, float((current - start[name].detach().float()).abs().max()))
     return changed
