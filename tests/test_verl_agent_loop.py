@@ -10,6 +10,7 @@ BFCL's ground truth as the model's tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -323,6 +324,18 @@ def test_a_server_reply_that_cannot_be_what_was_asked_is_a_clear_error(worker, r
         run_rows(worker, DishonestServer(reply), build_dataset(BFCL, TASKS[:1], **TOOLS))
 
 
+@contextlib.contextmanager
+def loop_config(**options):
+    """A registered agent name whose loop gets `options`, as verl's agent-loop YAML gives them (the
+    trainer's config: the only place a url, workers or config-only env kwargs may come from)."""
+    name = f"seeupo_env_test_{len(_agent_loop_registry)}"
+    _agent_loop_registry[name] = {"_target_": "seeupo_gym.integrations.verl.SeeupoAgentLoop", **options}
+    try:
+        yield name
+    finally:
+        del _agent_loop_registry[name]
+
+
 def test_a_dead_env_server_ends_the_sample_as_an_env_error_not_the_batch(worker, tiny):
     import socket
 
@@ -330,11 +343,10 @@ def test_a_dead_env_server_ends_the_sample_as_an_env_error_not_the_batch(worker,
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     rows = build_dataset(BFCL, TASKS[:1], **TOOLS) * 2
-    rows[1] = {**rows[1], "extra_info": {**rows[1]["extra_info"], "env_id": "seeupo/Remote-v0",
-                                         "env_kwargs": json.dumps({"url": f"http://127.0.0.1:{port}", "env_id": BFCL,
-                                                                   "connect_timeout_s": 2})}}
     _, tokenizer = tiny
-    output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), rows)
+    with loop_config(url=f"http://127.0.0.1:{port}") as served:
+        rows[1] = {**rows[1], "agent_name": served}
+        output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), rows)
     assert list(output.non_tensor_batch["env_end"]) == ["terminated", "env_error"]
     assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 0.0]
     assert "RemoteEnvError" in output.non_tensor_batch["env_error"][1]
@@ -342,13 +354,17 @@ def test_a_dead_env_server_ends_the_sample_as_an_env_error_not_the_batch(worker,
 
 @pytest.mark.parametrize("extra_info, message", [
     ({"env_id": BFCL}, "extra_info.task_id"),
-    ({"task_id": "multi_turn_base_0", "env_id": "os.system"}, "seeupo env id"),
+    ({"task_id": "multi_turn_base_0", "env_id": "os.system"}, "as its env, not 'os.system'"),
     ({"task_id": "multi_turn_base_0", "env_id": BFCL, "env_kwargs": "[1, 2]"}, "JSON object"),
 ])
-def test_a_malformed_row_is_a_clear_error(worker, extra_info, message):
-    row = {**build_dataset(BFCL, TASKS[:1], **TOOLS)[0], "extra_info": {"index": 0, **extra_info}}
-    with pytest.raises(ValueError, match=message):
-        run_rows(worker, DishonestServer(lambda p: TokenOutput(token_ids=[])), [row])
+def test_a_malformed_row_ends_its_own_sample_with_a_clear_error_not_the_batch(worker, tiny, extra_info, message):
+    _, tokenizer = tiny
+    good = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
+    bad = {**good, "extra_info": {"index": 1, **extra_info}}
+    output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), [good, bad])
+    assert list(output.non_tensor_batch["env_end"]) == ["terminated", "bad_row"]
+    assert message in output.non_tensor_batch["env_error"][1]
+    assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 0.0]
 
 
 def test_a_prompt_over_prompt_length_is_a_zero_score_sample_of_verls_width(worker):
@@ -376,17 +392,11 @@ def test_an_env_that_never_answers_ends_its_sample_at_the_loops_env_deadline(wor
     silent.listen(8)
     port = silent.getsockname()[1]
     threading.Timer(5.0, silent.close).start()  # then the blocked connect fails and its thread ends
-    _agent_loop_registry["seeupo_env_deadline"] = {"_target_": "seeupo_gym.integrations.verl.SeeupoAgentLoop",
-                                                   "env_timeout_s": 1.0}
     row = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
-    row = {**row, "agent_name": "seeupo_env_deadline",
-           "extra_info": {**row["extra_info"], "env_id": "seeupo/Remote-v0",
-                          "env_kwargs": json.dumps({"url": f"http://127.0.0.1:{port}", "connect_timeout_s": 60})}}
     start = time.monotonic()
-    try:
-        output = run_rows(worker, DishonestServer(lambda p: pytest.fail("no request without an env")), [row])
-    finally:
-        del _agent_loop_registry["seeupo_env_deadline"]
+    with loop_config(env_timeout_s=1.0, url=f"http://127.0.0.1:{port}") as deadline:
+        output = run_rows(worker, DishonestServer(lambda p: pytest.fail("no request without an env")),
+                          [{**row, "agent_name": deadline}])
     assert time.monotonic() - start < 30
     assert output.non_tensor_batch["env_end"][0] == "env_error"
     assert "took longer than 1.0 s" in output.non_tensor_batch["env_error"][0]

@@ -13,12 +13,18 @@ as "seeupo_env", runs one of our envs per row, token-in/token-out through verl's
 - each turn's sampled tokens are `extra_fields["turn_spans"]` ([start, end) in the response), SeeUPO's
   turn pools (`seeupo_gym.integrations.verl.seeupo`);
 - the env's final reward is the sample's `reward_score`. A sample that fills `response_length`
-  before its episode ends, whose first prompt (tools included) exceeds `prompt_length`, or whose
-  env fails, scores 0.0 (`extra_fields["env_end"]` says which; an overlong prompt is kept as
-  its last `prompt_length` tokens, as verl does, with no response).
+  before its episode ends, whose first prompt (tools included) exceeds `prompt_length`, whose
+  env fails (raises, passes its deadline, or returns a reward that is not finite or is over
+  `MAX_ABS_REWARD` in size), or whose row asks for what only the config may set, scores 0.0
+  (`extra_fields["env_end"]` says which; an overlong prompt is kept as its last `prompt_length`
+  tokens, as verl does, with no response). Logprobs that are not finite are refused where they
+  enter, as a server error.
 
 Rows come from `build_dataset` (or `write_parquet`): `extra_info` holds `task_id`, `env_id` and
-`env_kwargs` (JSON), so one registered loop serves every env. In verl's config:
+`env_kwargs` (JSON), so one registered loop serves every env. Rows are data, not configuration:
+a row's `env_kwargs` may set only its env's episode options (`seeupo_gym.integrations.row_kwargs`),
+over the loop's own `env_kwargs`; where the env runs (`url`, `workers`) and everything that decides
+isolation, paths or credentials come from the loop's config only. In verl's config:
 
     actor_rollout_ref.rollout.agent.agent_loop_config_path: seeupo_agent_loops.yaml
     # seeupo_agent_loops.yaml:
@@ -31,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import uuid4
@@ -41,7 +49,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 import seeupo_gym  # noqa: F401  (registers the Gymnasium ids)
 from seeupo_gym.agents.chat import appended_text, render_chat
 from seeupo_gym.agents.vector import ChatDelta, encode
+from seeupo_gym.integrations.row_kwargs import ROW_KWARGS, RowError, row_env_kwargs
 from seeupo_gym.integrations.task_prompts import task_prompts
+from seeupo_gym.remote import MAX_ABS_REWARD, env_target
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +59,7 @@ AGENT_NAME = "seeupo_env"
 
 END_TERMINATED, END_TRUNCATED = "terminated", "truncated"
 END_RESPONSE_LENGTH, END_PROMPT_LENGTH, END_ENV_ERROR = "response_length", "prompt_length", "env_error"
+END_BAD_ROW = "bad_row"
 
 
 class _EnvError(RuntimeError):
@@ -59,9 +70,13 @@ class _EnvError(RuntimeError):
 class SeeupoAgentLoop(AgentLoopBase):
     """One episode of a seeupo-gym env per sample.
 
-    Keyword arguments (from the agent loop YAML; a row's `extra_info` overrides env_id / env_kwargs):
+    Keyword arguments (from the agent loop YAML, the trainer's config):
         env_id: a registered `seeupo/...` id, for rows that do not name one.
-        env_kwargs: `gym.make` keyword arguments, for rows that do not give them.
+        env_kwargs: `gym.make` keyword arguments; a row's `extra_info.env_kwargs` may set the keys
+            `ROW_KWARGS` lists for its env over them, nothing else.
+        url: a `seeupo-serve` server serving the rows' envs (each sample is a session there); the
+            token (`$SEEUPO_SERVE_TOKEN`) goes to this url only.
+        workers, worker_options: "ray" runs each env in a Ray actor (`seeupo/Ray-v0`) with these options.
         max_tokens_per_turn: cap of one response (default: what is left of `response_length`).
         env_timeout_s: deadline of one env reset or step; a later answer is not waited for.
     """
@@ -71,6 +86,9 @@ class SeeupoAgentLoop(AgentLoopBase):
         *args: Any,
         env_id: str | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
+        url: str | None = None,
+        workers: str = "local",
+        worker_options: Mapping[str, Any] | None = None,
         max_tokens_per_turn: int | None = None,
         env_timeout_s: float = 600.0,
         **kwargs: Any,
@@ -78,6 +96,8 @@ class SeeupoAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
+        self.url, self.workers, self.worker_options = url, workers, dict(worker_options or {})
+        env_target(env_id or "", workers=workers, url=url)  # a bad url/workers pair fails here, not per sample
         self.max_tokens_per_turn = max_tokens_per_turn
         self.env_timeout_s = env_timeout_s
         self.response_length = int(self.rollout_config.response_length)
@@ -87,7 +107,6 @@ class SeeupoAgentLoop(AgentLoopBase):
         self.vocab_size = len(self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        env_id, env_kwargs, task_id = self._episode_of(kwargs.get("extra_info"))
         env: gym.Env | None = None
         response_ids: list[int] = []
         response_mask: list[int] = []
@@ -96,8 +115,12 @@ class SeeupoAgentLoop(AgentLoopBase):
         prompt_ids: list[int] = []
         messages: list[dict[str, Any]] = []
         reward, success, end, error = 0.0, False, END_RESPONSE_LENGTH, ""
+        env_id, task_id = "?", "?"
         try:
-            env = await self._env_call(gym.make, env_id, **env_kwargs)
+            env_id, env_kwargs, task_id = self._episode_of(kwargs.get("extra_info"))
+            target_id, target_kwargs = env_target(env_id, env_kwargs, workers=self.workers, url=self.url,
+                                                  worker_options=self.worker_options)
+            env = await self._env_call(gym.make, target_id, **target_kwargs)
             _, info = await self._env_call(env.reset, options={"task_id": task_id})
             messages = [dict(m) for m in info["messages"]]
             tools = list(info.get("tools") or []) or None
@@ -116,8 +139,8 @@ class SeeupoAgentLoop(AgentLoopBase):
                     sampling_params={**sampling_params, "max_tokens": max_tokens},
                 )
                 sampled, logprobs = self._checked(output, max_tokens)
-                if sampled:
-                    turn_spans.append([len(response_ids), len(response_ids) + len(sampled)])
+                # every turn, an empty one too (a zero-token span), so that later turns keep their index
+                turn_spans.append([len(response_ids), len(response_ids) + len(sampled)])
                 response_ids += sampled
                 response_mask += [1] * len(sampled)
                 response_logprobs += logprobs
@@ -125,7 +148,7 @@ class SeeupoAgentLoop(AgentLoopBase):
                 action = self.tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False)
                 _, step_reward, terminated, truncated, info = await self._env_call(env.step, action)
                 if terminated or truncated:
-                    reward, success = float(step_reward), bool(info.get("success", False))
+                    reward, success = self._checked_reward(step_reward), bool(info.get("success", False))
                     end = END_TERMINATED if terminated else END_TRUNCATED
                     messages = [dict(m) for m in info.get("messages", messages)]
                     break
@@ -136,8 +159,12 @@ class SeeupoAgentLoop(AgentLoopBase):
                 response_ids += observation
                 response_mask += [0] * len(observation)
                 response_logprobs += [0.0] * len(observation)
+        except RowError as err:  # a bad row ends its own sample, never the batch
+            end, error = END_BAD_ROW, str(err)
+            logger.warning("seeupo_env row refused: %s", err)
         except _EnvError as err:
             end, error = END_ENV_ERROR, str(err)
+            reward, success = 0.0, False
             logger.warning("seeupo env %s, task %s: %s", env_id, task_id, err)
         finally:
             if env is not None:
@@ -169,21 +196,23 @@ class SeeupoAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ helpers
 
     def _episode_of(self, extra_info: Any) -> tuple[str, dict[str, Any], str]:
-        """(env_id, env_kwargs, task_id) of a row; a malformed row is a clear error."""
+        """(env_id, env_kwargs, task_id) of a row: the loop's env_kwargs with the row's own episode
+        options over them; a malformed row, or one that sets what only the config may, is a `RowError`."""
         extra = extra_info if isinstance(extra_info, Mapping) else {}
         task_id = extra.get("task_id")
         if not isinstance(task_id, str) or not task_id:
-            raise ValueError(f"a seeupo_env row needs extra_info.task_id (a string); got keys {sorted(map(str, extra))}")
-        env_id = extra.get("env_id") or self.env_id
-        if not isinstance(env_id, str) or not env_id.startswith("seeupo/"):
-            raise ValueError(f"a seeupo_env row needs a seeupo env id (extra_info.env_id or the loop's env_id), got {env_id!r}")
-        env_kwargs = self.env_kwargs
-        if extra.get("env_kwargs"):
-            raw = extra["env_kwargs"]
-            env_kwargs = json.loads(raw) if isinstance(raw, str) else raw
-            if not isinstance(env_kwargs, Mapping):
-                raise ValueError(f"extra_info.env_kwargs must be a JSON object of gym.make arguments, got {raw!r:.200}")
-        return env_id, dict(env_kwargs), task_id
+            raise RowError(f"a seeupo_env row needs extra_info.task_id (a string); got keys {sorted(map(str, extra))[:20]}")
+        row_id = extra.get("env_id")
+        if row_id is None or row_id == "":
+            if not isinstance(self.env_id, str) or not self.env_id.startswith("seeupo/"):
+                raise RowError(f"a seeupo_env row needs a seeupo env id (extra_info.env_id or the loop's env_id), "
+                               f"got {self.env_id!r:.80}")
+            if not extra.get("env_kwargs"):
+                return self.env_id, dict(self.env_kwargs), task_id  # the config's own env, as configured
+            row_id = self.env_id
+        if not isinstance(row_id, str):
+            raise RowError(f"extra_info.env_id must be a string, got {type(row_id).__name__}")
+        return row_id, {**self.env_kwargs, **row_env_kwargs(row_id, extra.get("env_kwargs"))}, task_id
 
     async def _env_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn` in a thread (envs block), under the env deadline; failures become `_EnvError`."""
@@ -194,6 +223,19 @@ class SeeupoAgentLoop(AgentLoopBase):
             raise _EnvError(f"{getattr(fn, '__name__', 'env call')} took longer than {self.env_timeout_s} s") from None
         except Exception as err:  # noqa: BLE001  any env failure ends this sample only
             raise _EnvError(f"{getattr(fn, '__name__', 'env call')} failed: {type(err).__name__}: {err}") from err
+
+    @staticmethod
+    def _checked_reward(reward: Any) -> float:
+        """The env's final reward, refused (the sample's env error) when verl's float32 scores could
+        not hold it, or sums of them: not a finite number, or over `MAX_ABS_REWARD` in size."""
+        try:
+            value = float(reward)
+        except (TypeError, ValueError):
+            raise _EnvError(f"the env returned reward {reward!r:.60}, not a number") from None
+        if not math.isfinite(value) or abs(value) > MAX_ABS_REWARD:
+            raise _EnvError(f"the env returned reward {reward!r:.60}; a reward is a finite number of at most "
+                            f"{MAX_ABS_REWARD:g} in size")
+        return value
 
     def _checked(self, output: Any, max_tokens: int) -> tuple[list[int], list[float]]:
         """The server's token ids and logprobs, refused when they cannot be what was asked for."""
@@ -207,7 +249,10 @@ class SeeupoAgentLoop(AgentLoopBase):
             return ids, [0.0] * len(ids)
         if len(logprobs) != len(ids):
             raise ValueError(f"the server returned {len(logprobs)} logprobs for {len(ids)} tokens")
-        return ids, [float(lp) for lp in logprobs]
+        values = [float(lp) for lp in logprobs]
+        if not all(math.isfinite(lp) for lp in values):  # NaN/inf would reach verl's importance ratios
+            raise ValueError(f"the server returned logprobs that are not finite: {[lp for lp in values if not math.isfinite(lp)][:3]}")
+        return ids, values
 
     @staticmethod
     def _new_messages(before: Sequence[dict[str, Any]], info: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -235,7 +280,15 @@ def build_dataset(
     env's first messages, which verl uses to filter overlong prompts), `data_source` (the env id),
     `agent_name`, `ability`, `reward_model` (the env scores: no ground truth here) and `extra_info`
     (`split`: the env's split kwarg, default "train"; `index`, `task_id`, `env_id`, `env_kwargs` as JSON).
+    A row's `env_kwargs` holds only the kwargs a row may set (`ROW_KWARGS`); the others (AppWorld's
+    `data_dir`, say) render the prompts here and belong in the agent loop's `env_kwargs`.
     """
+    allowed = ROW_KWARGS.get(env_id, frozenset())
+    config_only = sorted(set(env_kwargs) - allowed)
+    if config_only:
+        logger.warning("build_dataset: %s not written into the rows (rows may not set them); give them in the "
+                       "agent loop's env_kwargs", config_only)
+    row_kwargs = {key: value for key, value in env_kwargs.items() if key in allowed}
     return [
         {
             "data_source": env_id,
@@ -244,14 +297,16 @@ def build_dataset(
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": ""},
             "extra_info": {"split": str(env_kwargs.get("split", "train")), "index": index, "task_id": task_id, "env_id": env_id,
-                           "env_kwargs": json.dumps(env_kwargs)},
+                           "env_kwargs": json.dumps(row_kwargs)},
         }
         for index, (task_id, prompt) in enumerate(task_prompts(env_id, task_ids, **env_kwargs))
     ]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    """Rows from `build_dataset` as the parquet file verl's `data.train_files` reads."""
+    """Rows from `build_dataset` as the parquet file verl's `data.train_files` reads (its folder made if missing)."""
     import pandas as pd
 
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     pd.DataFrame(list(rows)).to_parquet(path)
