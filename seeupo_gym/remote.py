@@ -12,9 +12,14 @@ defaults); one that differs is sent with each reset when the server lets session
 (`seeupo-serve --session-kwargs`), and refused otherwise.
 
 The server is not trusted: every answer is bounded (`max_message_bytes`, after permessage-deflate
-or gzip decompression too) and checked (the observation in its space, a finite reward,
-boolean `terminated`/`truncated`, a dict info; strings made valid Unicode) before the caller
-sees it.
+or gzip decompression too) and checked (the observation in its space, a finite reward of at most
+`MAX_ABS_REWARD` in size, boolean `terminated`/`truncated`, a dict info; strings made valid
+Unicode) before the caller sees it. Every wait has a whole-answer deadline: the description
+(`GET /seeupo/env`) within `connect_timeout_s` in all, however slowly its bytes come; each reset
+or step answer within `timeout_s`. The client keeps the env's own turn limit (`max_turns` of the
+agreed kwargs) whatever the server says: a step that reaches it without the episode ending is a
+`RemoteEnvError`. The token goes only to `url` (WebSocket redirects to another origin drop it;
+the description request follows none).
 
 Failures are `RemoteEnvError`: an unreachable server at construction, and a lost session
 (server gone, connection dropped, no answer within `timeout_s`, an answer over the bound or
@@ -33,6 +38,8 @@ import contextlib
 import json
 import math
 import os
+import threading
+import time
 import zlib
 from typing import Any, Mapping
 
@@ -45,6 +52,9 @@ from seeupo_gym.text import valid_unicode
 TOKEN_ENV = "SEEUPO_SERVE_TOKEN"
 # The server's description (task ids, spaces, kwargs): BFCL's 800 ids take ~25 kB.
 MAX_DESCRIPTION_BYTES = 8 << 20
+# The largest reward taken from outside. Our envs score in [-1, 1]; the bound keeps every reward,
+# and sums and squares of a batch of them, finite in the float32 tables trainers keep (verl's scores).
+MAX_ABS_REWARD = 1e6
 
 
 class RemoteEnvError(RuntimeError):
@@ -82,6 +92,8 @@ def checked_step(result: Any, space: gym.Space, source: str) -> tuple[str, float
     observation, reward, terminated, truncated, info = result
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise RemoteEnvError(f"{source} sent reward {reward!r:.60}; a reward is a finite number")
+    if abs(reward) > MAX_ABS_REWARD:
+        raise RemoteEnvError(f"{source} sent reward {float(reward):.3g}; a reward is at most {MAX_ABS_REWARD:g} in size")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool):
             raise RemoteEnvError(f"{source} sent {name}={flag!r:.60}; it must be true or false")
@@ -102,8 +114,9 @@ def _checked_info(info: Any, source: str) -> dict[str, Any]:
     return _valid_strings(info)
 
 
-def _bounded_json(response: Any, limit: int, source: str) -> Any:
-    """The JSON body of a streamed httpx response, read raw and decompressed by us, each at most `limit` bytes."""
+def _bounded_json(response: Any, limit: int, source: str, deadline: float = math.inf) -> Any:
+    """The JSON body of a streamed httpx response, read raw and decompressed by us, each at most
+    `limit` bytes; reading stops at `deadline` (`time.monotonic()`)."""
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip"):
         raise RemoteEnvError(f"{source} sent a body encoded as {encoding!r:.40}; expected identity or gzip")
@@ -112,6 +125,8 @@ def _bounded_json(response: Any, limit: int, source: str) -> Any:
         raw += chunk
         if len(raw) > limit:
             raise RemoteEnvError(f"{source} sent a body over {limit} bytes")
+        if time.monotonic() > deadline:
+            raise RemoteEnvError(f"{source} did not finish its answer in time ({len(raw)} bytes so far)")
     body = bytes(raw)
     if encoding == "gzip":
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -168,9 +183,9 @@ class RemoteEnv(gym.Env[str, str]):
     Args:
         url: the server, e.g. "http://127.0.0.1:8000".
         env_id, env_kwargs: what the caller expects the server to serve (None: whatever it serves).
-        token: sent as `Authorization: Bearer <token>` (default `$SEEUPO_SERVE_TOKEN`).
+        token: sent as `Authorization: Bearer <token>` to `url` only (default `$SEEUPO_SERVE_TOKEN`).
         timeout_s: longest wait for one answer (an AppWorld step can take its code timeout).
-        connect_timeout_s: longest wait to reach the server.
+        connect_timeout_s: longest wait to reach the server and read its description, in all.
         max_message_bytes: largest answer accepted (a WebSocket message, decompressed); an
             episode's info carries its whole conversation, hence the generous default.
     """
@@ -203,19 +218,41 @@ class RemoteEnv(gym.Env[str, str]):
         self.task_ids: tuple[str, ...] = tuple(str(t) for t in served["task_ids"])
         self.observation_space = _space(served["observation_space"])
         self.action_space = _space(served["action_space"])
+        limit = self.env_kwargs.get("max_turns")
+        self.max_turns: int | None = limit if type(limit) is int and limit >= 1 else None
+        self._turns = 0
         self._ws: Any = None
         self._connection = contextlib.ExitStack()
 
     def _describe(self) -> dict[str, Any]:
+        """The server's description, read within `connect_timeout_s` in all: httpx's timeout bounds
+        each read only, so a server dripping its body is cut by the clock here (the reading thread
+        stops at its next byte or read timeout)."""
         import httpx
 
-        try:
-            with httpx.stream("GET", f"{self.url}/seeupo/env", headers={**self._headers, "Accept-Encoding": "gzip"},
-                              timeout=self.connect_timeout_s) as answer:
-                answer.raise_for_status()
-                served = _bounded_json(answer, MAX_DESCRIPTION_BYTES, self._source)
-        except httpx.HTTPError as error:
-            raise RemoteEnvError(f"cannot reach the env server at {self.url}: {error}") from error
+        deadline = time.monotonic() + self.connect_timeout_s
+        outcome: dict[str, Any] = {}
+
+        def read() -> None:
+            try:
+                with httpx.stream("GET", f"{self.url}/seeupo/env", headers={**self._headers, "Accept-Encoding": "gzip"},
+                                  timeout=self.connect_timeout_s, follow_redirects=False) as answer:
+                    answer.raise_for_status()
+                    outcome["served"] = _bounded_json(answer, MAX_DESCRIPTION_BYTES, self._source, deadline)
+            except httpx.HTTPError as error:
+                outcome["error"] = RemoteEnvError(f"cannot reach the env server at {self.url}: {error}")
+            except Exception as error:  # noqa: BLE001  handed to the caller's thread below
+                outcome["error"] = error
+
+        reader = threading.Thread(target=read, name="seeupo-remote-describe", daemon=True)
+        reader.start()
+        reader.join(self.connect_timeout_s)
+        if reader.is_alive():
+            raise RemoteEnvError(f"the env server at {self.url} did not describe its env within "
+                                 f"connect_timeout_s={self.connect_timeout_s:g} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        served = outcome.get("served")
         fields = {"env_id": str, "env_kwargs": dict, "task_ids": list, "observation_space": dict, "action_space": dict}
         if not isinstance(served, dict) or any(not isinstance(served.get(k), t) for k, t in fields.items()):
             raise RemoteEnvError(f"{self._source} describes its env without {sorted(fields)}: {str(served)[:200]}")
@@ -253,6 +290,7 @@ class RemoteEnv(gym.Env[str, str]):
             data["env_kwargs"] = self._session_kwargs
         if self._ws is None:
             self._connect()
+        self._turns = 0
         observation = self._observation(self._call({"type": "reset", "data": data}), "reset")
         try:
             return checked_reset((observation.get("text"), observation.get("info")), self.observation_space, self._source)
@@ -273,8 +311,13 @@ class RemoteEnv(gym.Env[str, str]):
             raise RemoteEnvError(f"{self._source} sent done={done!r:.40}, truncated={truncated!r:.40}; both must be "
                                  f"true or false")
         step = (observation.get("text"), result.get("reward"), done and not truncated, truncated, observation.get("info"))
+        self._turns += 1
         try:
-            return checked_step(step, self.observation_space, self._source)
+            checked = checked_step(step, self.observation_space, self._source)
+            if self.max_turns is not None and self._turns >= self.max_turns and not done:
+                raise RemoteEnvError(f"{self._source} did not end the episode at its turn limit "
+                                     f"(max_turns={self.max_turns}); the episode is ended here")
+            return checked
         except RemoteEnvError:
             self._drop()  # a server that sends such answers is not one to go on with
             raise

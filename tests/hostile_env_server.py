@@ -11,7 +11,12 @@ describes itself as a default TurnBandit server and answers resets with a real T
 - str_messages, str_tool_calls: a step's info (a dict) holds messages the agent cannot read: a string
   for a message, a string for a tool call; reset_str_messages, reset_no_messages: a reset's info;
 - deflate_bomb: the first answer is a 415 kB permessage-deflate frame of 400 M characters;
-- gzip_bomb: the description (GET /seeupo/env) is a 265 kB gzip body of 256 MiB.
+- gzip_bomb: the description (GET /seeupo/env) is a 265 kB gzip body of 256 MiB;
+- drip_description: the description's body comes one byte per 1.5 s (its headers at once);
+- refuse_reset: every reset is answered with an error (as seeupo-serve says a reset failed);
+- never_done: steps answered by the real env, but the episode never ends: past the env's own end
+  (its turn limit, the last decision) each step answers done=false with one more user message;
+- huge_reward: every step's reward is 1e300 (finite, but inf once it is a float32).
 
 Written on raw sockets so that it can send what no well-behaved library would.
 """
@@ -25,6 +30,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import zlib
 
 import gymnasium as gym
@@ -137,6 +143,13 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
     if path.startswith("seeupo/env"):
         if mode == "gzip_bomb":
             return http_answer(conn, bombs["gzip"], "Content-Encoding: gzip\r\n")
+        if mode == "drip_description":
+            conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(described)}\r\n"
+                         f"Connection: close\r\n\r\n".encode())
+            for byte in described:
+                conn.sendall(bytes([byte]))
+                time.sleep(1.5)
+            return None
         return http_answer(conn, described)
     key = headers["sec-websocket-key"].encode()
     accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest()).decode()
@@ -146,12 +159,27 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
                  f"Sec-WebSocket-Accept: {accept}\r\n{extension}\r\n".encode())
     inflate = zlib.decompressobj(-15)
     env = gym.make(ENV_ID, disable_env_checker=True)
+    over: tuple | None = None  # never_done: the env's real last answer, once its episode has ended
     while True:
         message = json.loads(read_frame(conn, inflate))
         if mode == "deflate_bomb":
             send_frame(conn, bombs["deflate"], compressed=True)
             continue
+        if message["type"] == "reset" and mode == "refuse_reset":
+            send_frame(conn, json.dumps({"type": "error", "data": {"message": "reset failed: no such luck",
+                                                                   "code": "EXECUTION_ERROR"}}).encode())
+            continue
+        if message["type"] == "close":
+            return
+        if message["type"] == "step" and over is not None:
+            text, info = over
+            info = {**info, "messages": info["messages"] + [{"role": "assistant", "content": message["data"]["response"]},
+                                                            {"role": "user", "content": "Go on."}]}
+            over = (text, info)
+            send_frame(conn, observation(text, 0.0, False, False, info))
+            continue
         if message["type"] == "reset":
+            over = None
             data = dict(message.get("data") or {})
             seed = data.pop("seed", None)
             text, info = env.reset(seed=seed, options=data or None)
@@ -163,7 +191,12 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
             continue
         text, reward, terminated, truncated, info = env.step(message["data"]["response"])
         done = terminated or truncated
-        if mode == "nan_reward":
+        if mode == "never_done" and done:
+            over, reward, done, truncated = (text, info), 0.0, False, False
+            info = {**info, "messages": info["messages"] + [{"role": "user", "content": "Go on."}]}
+        if mode == "huge_reward":
+            reward = 1e300
+        elif mode == "nan_reward":
             reward = float("nan")
         elif mode == "list_info":
             info = [info]

@@ -34,12 +34,16 @@ env_kwargs=...)`), each environment instance holds a `seeupo/Remote-v0` session 
 are the server's. The server must serve the kwargs `make` uses (e.g. BFCL:
 `seeupo-serve seeupo/BFCL-v4-v0 action_format=tools max_turns=50 split=all`, or let sessions set
 them with `--session-kwargs`). A session lost mid-episode ends the episode: the tool returns an
-error text and `get_reward()` 0.0.
+error text and the reward is 0.0. So does a reset the env refuses or fails (TRL calls `reset`
+outside any try, so the error stays here: the rollout's first message says it, its tools answer
+"The episode is over.", it scores 0.0), and an episode the env does not end within its own turn
+limit (`_final_reward` takes at most `max_turns` closing steps, then scores 0.0).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +56,10 @@ from seeupo_gym.tools import plain_reply, step_tool_result
 
 
 _TRAINER_NAMES = ("SeeUPOTrainer", "SeeUPOConfig")
+# Closing steps `_final_reward` takes for an env that declares no turn limit.
+_CLOSING_STEPS_WITHOUT_LIMIT = 100
+
+logger = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
@@ -81,15 +89,29 @@ class _SeeupoEnvironment:
         self.task_id = ""
 
     def reset(self, task_id: str, **row: Any) -> str:
-        _, info = self._env.reset(options={"task_id": task_id})
-        self._reward, self._done, self.steps, self.task_id = 0.0, False, [], task_id
-        return _first_user_message(info)
+        self._reward, self._done, self.steps, self.task_id = 0.0, True, [], str(task_id)
+        try:
+            _, info = self._env.reset(options={"task_id": task_id})
+            first = _first_user_message(info)
+        except Exception as error:  # noqa: BLE001  a failed reset ends this rollout only, never the trainer
+            logger.warning("env reset failed for task %s: %s: %s", task_id, type(error).__name__, error)
+            return f"Error: the episode could not start ({type(error).__name__}: {str(error)[:500]}); it scores 0."
+        self._done = False
+        return first
 
     def _final_reward(self) -> float:
         """The env's final score (see the module docstring); private, so TRL makes it neither a tool
-        nor a reward column of its own."""
-        while not self._done:
+        nor a reward column of its own. At most the env's turn limit of closing steps: an env that
+        has not ended by then scores 0.0."""
+        limit = getattr(self._env.unwrapped, "max_turns", None)
+        for _ in range(limit if type(limit) is int and limit >= 1 else _CLOSING_STEPS_WITHOUT_LIMIT):
+            if self._done:
+                return self._reward
             self._step(self._closing_action())
+        if not self._done:
+            logger.warning("task %s: the env did not end its episode within %s closing steps; it scores 0.0",
+                           self.task_id, limit)
+            self._done, self._reward = True, 0.0
         return self._reward
 
     # -------------------------------------------------------------- helpers (not tools: private)
@@ -105,9 +127,9 @@ class _SeeupoEnvironment:
         self.steps.append(action)
         try:
             observation, reward, terminated, truncated, info = self._env.step(action)
-        except RemoteEnvError as error:  # the served episode is gone: it ends here, unscored
+        except RemoteEnvError as error:  # the served episode is gone (or refused at the door): it ends here, unscored
             self._done, self._reward = True, 0.0
-            return f"Error: the episode ended because its env server was lost ({error}).", {}
+            return f"Error: the episode ended because its env server was lost or refused ({str(error)[:500]}).", {}
         self._done = terminated or truncated
         if self._done:
             self._reward = float(reward)

@@ -1,0 +1,139 @@
+"""A served env cannot stop a trainer: against tests/hostile_env_server.py (a real process on
+127.0.0.1) a reset the server refuses, an episode it never ends, a description it drips one byte per
+1.5 s and a reward of 1e300 each end their own episode, within a deadline, in `seeupo/Remote-v0`,
+TRL's environment adapter (what SeeUPOTrainer and GRPOTrainer step), VectorAgent (what
+`seeupo-eval` and the trainer collect with) and verl's agent loop. Each test has the honest
+server's run as its control."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("websockets")
+
+import seeupo_gym  # noqa: E402,F401
+from seeupo_gym.remote import MAX_ABS_REWARD, RemoteEnv, RemoteEnvError  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("hostile_env_server.py")
+TASKS = ["mixed-0-1", "mixed-0-2"]
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """`hostile(mode)`: the URL at which the hostile server plays `mode`."""
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"at (http://\S+)", line)
+        assert match, f"the hostile server did not start: {line!r}"
+        yield lambda mode: f"{match.group(1)}/{mode}"
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------ the client itself
+
+
+def test_a_dripped_description_ends_at_connect_timeout_in_all(hostile):
+    start = time.monotonic()
+    with pytest.raises(RemoteEnvError, match=r"did not describe its env within connect_timeout_s=2 s"):
+        RemoteEnv(hostile("drip_description"), connect_timeout_s=2)
+    assert time.monotonic() - start < 4  # before: ~1.5 s per byte of a ~2 kB body, per-read timeouts only
+    RemoteEnv(hostile("honest"), connect_timeout_s=2).close()  # control: the same deadline suffices
+
+
+def test_an_episode_the_server_never_ends_is_ended_at_the_envs_own_turn_limit(hostile):
+    env = RemoteEnv(hostile("never_done"))
+    assert env.max_turns == 10  # the served TurnBandit's default, from its description
+    env.reset(options={"task_id": TASKS[0]})
+    for _ in range(9):
+        assert env.step("nonsense")[2:4] == (False, False)
+    with pytest.raises(RemoteEnvError, match=r"did not end the episode at its turn limit \(max_turns=10\)"):
+        env.step("nonsense")
+    env.close()
+    control = RemoteEnv(hostile("honest"))  # the honest env truncates at the same step
+    control.reset(options={"task_id": TASKS[0]})
+    ends = [control.step("nonsense")[2:4] for _ in range(10)]
+    assert ends[-1] == (False, True) and ends[:-1] == [(False, False)] * 9
+    control.close()
+
+
+def test_a_finite_but_huge_reward_is_refused_at_the_door(hostile):
+    env = RemoteEnv(hostile("huge_reward"))
+    env.reset(options={"task_id": TASKS[0]})
+    with pytest.raises(RemoteEnvError, match=r"sent reward 1e\+300; a reward is at most 1e\+06 in size"):
+        env.step("A")
+    env.close()
+    assert MAX_ABS_REWARD == 1e6  # 1e300 would be inf in a float32 table (verl's scores)
+
+
+def test_a_refused_reset_is_a_remote_env_error(hostile):
+    env = RemoteEnv(hostile("refuse_reset"))
+    with pytest.raises(RemoteEnvError, match="refused reset: reset failed: no such luck"):
+        env.reset(options={"task_id": TASKS[0]})
+    env.close()
+
+
+# ------------------------------------------------------------------------------ TRL's environments
+
+
+def trl_environment(url):
+    pytest.importorskip("trl")
+    from seeupo_gym.integrations.trl import TurnBanditEnvironment
+
+    cls = type("Served", (TurnBanditEnvironment,), {"env_kwargs": {}, "url": url})
+    return cls()
+
+
+def test_trl_a_refused_reset_ends_that_rollout_only(hostile):
+    environment = trl_environment(hostile("refuse_reset"))
+    first = environment.reset(task_id=TASKS[0])  # before: RemoteEnvError out of TRL's reset, the trainer gone
+    assert first.startswith("Error: the episode could not start (RemoteEnvError")
+    assert environment.answer("A") == "The episode is over."
+    assert environment._final_reward() == 0.0
+    environment._close()
+
+
+def test_trl_final_reward_of_a_never_ending_episode_stops_at_the_turn_limit(hostile):
+    environment = trl_environment(hostile("never_done"))
+    environment.reset(task_id=TASKS[0])
+    start = time.monotonic()
+    assert environment._final_reward() == 0.0  # before: closing steps forever
+    assert len(environment.steps) == 10 and time.monotonic() - start < 30
+    environment._close()
+
+
+def test_trl_a_huge_reward_scores_zero_and_the_honest_control_scores_the_env(hostile):
+    scores = {}
+    for mode in ("huge_reward", "honest"):
+        environment = trl_environment(hostile(mode))
+        environment.reset(task_id=TASKS[0])
+        scores[mode] = environment._final_reward()
+        environment._close()
+    assert scores["huge_reward"] == 0.0 and math.isfinite(scores["honest"]) and abs(scores["honest"]) <= 1.0
+
+
+# ------------------------------------------------------------------------------ VectorAgent
+
+
+@pytest.mark.parametrize("mode", ["refuse_reset", "never_done", "huge_reward"])
+def test_the_vector_agent_ends_each_hostile_episode_as_an_env_error(hostile, tiny, one_torch_thread, mode):
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
+
+    model, tokenizer = tiny
+    start = time.monotonic()
+    with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
+                     sampling=SamplingParams(max_new_tokens=2), url=hostile(mode)) as agent:
+        batch = agent.collect(TASKS, group_size=1, seed=0).trajectories
+    assert [t.info["end"] for t in batch] == [END_ENV_ERROR] * 2
+    assert all("RemoteEnvError" in t.info["error"] and t.reward == 0.0 for t in batch)
+    assert all(len(t.turns) <= 10 for t in batch) and time.monotonic() - start < 120
