@@ -256,3 +256,30 @@ def test_weight_changes_empty_the_prefix_cache():
     fresh = HFBackend(model, tokenizer, prefix_cache_bytes=0).generate([prompt], sampling)[0]
     assert after.token_ids == fresh.token_ids
     assert after.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- transformers releases
+
+
+def test_generate_and_submit_continue_the_kv_cache_on_the_installed_transformers(tiny):
+    """Under every transformers release in the declared range (the lowest-versions run installs
+    5.17, where the KV cache is `past_key_values`; later 5.x call it `cache`): both paths return
+    completions, and a later turn served from the prefix cache records the logprobs a fresh
+    teacher-forced forward computes. A cache handed under a name the model ignores would decode
+    without context, and these logprobs would differ."""
+    import transformers
+
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer)
+    first = _prompts((40,))[0]
+    sampling = SamplingParams(max_new_tokens=5, seed=4)
+    (turn1,) = backend.generate([first], sampling)
+    second = first + turn1.token_ids + _prompts((7,), seed=5)[0]
+    (turn2,) = backend.generate([second], sampling)
+    submitted = [backend.submit(p, sampling).result(timeout=120) for p in (first, second)]
+    backend._engine.close(timeout=60)
+    for prompt, completion in [(first, turn1), (second, turn2), (first, submitted[0]), (second, submitted[1])]:
+        assert 1 <= len(completion.token_ids) <= 5, transformers.__version__
+        recomputed, _ = response_logprobs(model, [prompt], [completion.token_ids], pad_token_id=tokenizer.pad_token_id)
+        assert torch.allclose(recomputed[0], torch.tensor(completion.logprobs), atol=1e-4), transformers.__version__
+    assert submitted[0].token_ids == turn1.token_ids  # the same seed samples the same tokens on both paths

@@ -31,7 +31,14 @@ from seeupo_gym.agents.backends.base import (
     TrainingSetup,
     check_prompts,
 )
-from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
+from seeupo_gym.agents.backends.kv_rows import (
+    cache_from_layers,
+    forward,
+    join_rows,
+    plain_layers,
+    row_layers,
+    select_rows,
+)
 from seeupo_gym.agents.backends.prefix_cache import LayerKV, PrefixCache, block_hashes
 from seeupo_gym.agents.scoring import PER_ROW_MIN_TOKENS
 
@@ -190,14 +197,10 @@ class HFBackend(Backend):
                 token = token[keep_index]
                 active = [active[row] for row in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
-            out = self.model(
-                input_ids=token.unsqueeze(-1),
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                cache=cache,
-                use_cache=True,
+            logits, cache = forward(
+                self.model, cache, input_ids=token.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_position
             )
-            last_logits, cache = out.logits[:, -1, :], out.cache
+            last_logits = logits[:, -1, :]
             next_position = next_position + 1
         return [
             Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i] or FINISH_LENGTH)
@@ -235,18 +238,18 @@ class HFBackend(Backend):
         logits, rows = [], []
         for prompt in prompts:
             cached, past = self._cached_prefix(prompt)
-            out = self.model(
+            out_logits, out_cache = forward(
+                self.model,
+                cache_from_layers(past) if past is not None else None,
                 input_ids=torch.tensor([prompt[cached:]], device=device),
                 position_ids=torch.arange(cached, len(prompt), device=device).unsqueeze(0),
-                cache=cache_from_layers(past) if past is not None else None,
-                use_cache=True,
                 logits_to_keep=1,
             )
-            if not plain_layers(out.cache):
+            if not plain_layers(out_cache):
                 return None
-            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
+            layers = [(layer.keys, layer.values) for layer in out_cache.layers]
             self._remember(prompt, layers)  # the next rollout of the group starts here
-            logits.append(out.logits[:, -1, :])
+            logits.append(out_logits[:, -1, :])
             rows.append(layers)
         cache, attention_mask = join_rows(rows)
         return torch.cat(logits, dim=0), cache, attention_mask
@@ -316,15 +319,15 @@ class HFBackend(Backend):
             past_rows = [layers for _, _, layers in rows if layers is not None]
             empty = [(k[:, :, :0], v[:, :, :0]) for k, v in past_rows[0]]
             past, _ = join_rows([layers if layers is not None else empty for _, _, layers in rows])
-        out = self.model(
+        logits, cache = forward(
+            self.model,
+            past,
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             position_ids=position_ids.to(device),
-            cache=past,
-            use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :], out.cache, attention_mask.to(device)
+        return logits[:, -1, :], cache, attention_mask.to(device)
 
     def _hit_stop_string(self, tokens: list[int], stop_strings: tuple[str, ...], window: int) -> bool:
         if not stop_strings:

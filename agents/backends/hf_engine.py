@@ -30,7 +30,14 @@ import torch
 
 from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
 from seeupo_gym.agents.backends.engine import EngineThread
-from seeupo_gym.agents.backends.kv_rows import cache_from_layers, join_rows, plain_layers, row_layers, select_rows
+from seeupo_gym.agents.backends.kv_rows import (
+    cache_from_layers,
+    forward,
+    join_rows,
+    plain_layers,
+    row_layers,
+    select_rows,
+)
 
 if TYPE_CHECKING:
     from seeupo_gym.agents.backends.hf import HFBackend
@@ -184,15 +191,15 @@ class HFEngine(EngineThread):
         device = batch.attention_mask.device
         batch.attention_mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones((len(keep), 1))], dim=1)
         positions = torch.tensor([[len(r.prompt) + len(r.tokens) - 1] for r in batch.rows], device=device)
-        out = self.backend.model(
+        logits, batch.cache = forward(
+            self.backend.model,
+            batch.cache,
             input_ids=token.unsqueeze(-1).to(device),
             attention_mask=batch.attention_mask,
             position_ids=positions,
-            cache=batch.cache,
-            use_cache=True,
         )
         self.decode_steps += 1
-        batch.logits, batch.cache = out.logits[:, -1, :], out.cache
+        batch.logits = logits[:, -1, :]
         return batch
 
     def _admit(self, batch: _Batch | None, admitted: list[_Request]) -> _Batch:
@@ -202,20 +209,20 @@ class HFEngine(EngineThread):
         logits, rows = [], []
         for request in admitted:
             cached, past = backend._cached_prefix(request.prompt)
-            out = backend.model(
+            out_logits, out_cache = forward(
+                backend.model,
+                cache_from_layers(past) if past is not None else None,
                 input_ids=torch.tensor([request.prompt[cached:]], device=device),
                 position_ids=torch.arange(cached, len(request.prompt), device=device).unsqueeze(0),
-                cache=cache_from_layers(past) if past is not None else None,
-                use_cache=True,
                 logits_to_keep=1,
             )
-            if not plain_layers(out.cache):
+            if not plain_layers(out_cache):
                 if batch is not None or rows:
                     raise RuntimeError("a model's KV cache changed kind between requests")
                 raise _NotJoinable
-            layers = [(layer.keys, layer.values) for layer in out.cache.layers]
+            layers = [(layer.keys, layer.values) for layer in out_cache.layers]
             backend._remember(request.prompt, layers)  # the group's next rollout starts here
-            logits.append(out.logits[:, -1, :])
+            logits.append(out_logits[:, -1, :])
             rows.append(layers)
         cache, attention_mask = join_rows(rows)
         if batch is None:

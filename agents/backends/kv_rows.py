@@ -11,8 +11,20 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from seeupo_gym.agents.backends.prefix_cache import LayerKV
+
+# The name of the KV cache, as forward argument and output field: `past_key_values` up to
+# transformers 5.17 at least, `cache` in later 5.x (where `past_key_values` is deprecated, to be
+# removed in 5.40). Read from what the installed release's outputs declare, not from its version.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def forward(model: Any, cache: Any, **inputs: Any) -> tuple[torch.Tensor, Any]:
+    """`model(**inputs)` continuing `cache` (None: a fresh one): its logits and the grown cache."""
+    out = model(**inputs, use_cache=True, **{CACHE_NAME: cache})
+    return out.logits, getattr(out, CACHE_NAME)
 
 
 def plain_layers(cache: Any) -> bool:
