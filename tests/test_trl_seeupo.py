@@ -92,7 +92,7 @@ def test_an_unscorable_rollout_is_left_out_not_trained_on():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps=1"),
+    ({"steps_per_generation": 2}, "must equal gradient_accumulation_steps"),
     ({"num_iterations": 2}, "num_iterations must be 1"),
     ({"seeupo_order": "sideways"}, "order must be one of"),
     ({"seeupo_m_clip": [1.5, 2.0]}, "m_clip"),
@@ -147,7 +147,7 @@ def trl_learner_update_with_a_stand_in_trainer(model, order, kl_coef, lr):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=optimizer, temperature=1.0,
                               args=SimpleNamespace(max_grad_norm=1.0), ref_model=frozen_copy(model))
-    learner = TRLLearner(trainer, model)
+    learner = TRLLearner(trainer, model, pad_token_id=0)
     config = kit_config(SimpleNamespace(seeupo_normalization="batch", seeupo_order=order, seeupo_old_policy="step_start",
                                         seeupo_m_clip=None, epsilon=0.2, epsilon_high=None, beta=kl_coef,
                                         seeupo_kl_estimator="low_var_kl"))
@@ -282,7 +282,7 @@ def test_one_forward_per_trajectory_scores_as_one_per_turn_and_a_rebuilt_context
     model, _ = tiny
     trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=None, temperature=0.9,
                               args=SimpleNamespace(max_grad_norm=1.0), ref_model=None)
-    learner = TRLLearner(trainer, model)
+    learner = TRLLearner(trainer, model, pad_token_id=0)
     batch = multi_turn_batch()
     rebuilt = batch.trajectories[0].turns[1]
     rebuilt.context_ids = [7] + rebuilt.context_ids[1:]  # no longer extends turn 1's sequence

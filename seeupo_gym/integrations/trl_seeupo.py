@@ -13,29 +13,113 @@ each completion becomes a trajectory whose turns are the runs of model tokens in
 advantages, and the turn pools are updated in order (reverse by default), one optimizer step each,
 with SeeUPO's loss and `M`, the ratios of each pool after its update going into `M`.
 
-The kit talks to TRL's model through `TRLLearner` (the kit's `Learner` protocol). HF's Trainer takes one
-optimizer step after `training_step`: the learner therefore takes a pool's step lazily, just before
-the next pool is scored, and leaves the last pool's gradients to the Trainer's own clip + step, so
-the lr scheduler, gradient clipping, logging and checkpoints stay the Trainer's. All pools of a step
-run at that step's learning rate (the scheduler counts training steps, not pools).
+The learner is the kit's (`TRLLearner` is `training.learner.LLMLearner` over TRL's model, reference,
+accelerator and optimizer): every pass packs each trajectory's turns into one sequence and runs
+micro-batches under `seeupo_max_tokens_per_microbatch` tokens, and each pool's ratio pass shares the
+next pool's gradient pass. HF's Trainer takes one optimizer step after `training_step`: the learner
+therefore takes a pool's step lazily, just before the next pass, and leaves the last pool's gradients
+to the Trainer's own clip + step, so the lr scheduler, gradient clipping, logging and checkpoints
+stay the Trainer's. All pools of a step run at that step's learning rate.
+
+One SeeUPO step is one generation batch (`per_device_train_batch_size x gradient_accumulation_steps x
+processes` completions): with gradient accumulation the Trainer's micro-steps before the last only
+let TRL generate, and the last runs the update on the whole batch (the pools need it whole: an
+optimizer step between them). With several processes (`accelerate launch`, DDP) every process
+gathers the batch and the learner deals its sequences out by tokens, as in the kit's trainer.
+
+GRPOConfig options that SeeUPO does not use are refused in one line when set (`unused_options`);
+a plain `GRPOConfig` gets SeeUPO's KL default (beta 0.002) with one warning line.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Sequence
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 
-from seeupo_gym.algorithms import core
-from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs, loss_share
+from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
 from seeupo_gym.algorithms.seeupo import ORDERS, OLD_POLICIES, SeeUPO
 from seeupo_gym.algorithms.seeupo import SeeUPOConfig as KitSeeUPOConfig
+from seeupo_gym.training.learner import LLMLearner
+
+KL_DEFAULT = 0.002  # the paper's KL-to-reference coefficient
+
+
+# ---------------------------------------------------------------------------------- the options
+
+# GRPOConfig options SeeUPO's update does not read, each with what SeeUPO does instead. Set to anything
+# but GRPOConfig's default (SeeUPOConfig's for the two it changes), they are refused in one line.
+UNUSED_OPTIONS: dict[str, str] = {
+    "loss_type": "the loss is SeeUPO's (clipped sequence ratio per turn pool, mean over the pool)",
+    "scale_rewards": "advantages are normalized by seeupo_normalization",
+    "multi_objective_aggregation": "rewards are the reward_weights-weighted sum",
+    "importance_sampling_level": "the ratio is always one per turn, GSPO's sequence ratio",
+    "top_entropy_quantile": "every response token is in the loss",
+    "delta": "the clip is epsilon / epsilon_high only",
+    "off_policy_mask_threshold": "no off-policy masking",
+    "entropy_coef": "no entropy term",
+    "use_adaptive_entropy": "no entropy term",
+    "entropy_coef_min": "no entropy term",
+    "entropy_coef_max": "no entropy term",
+    "entropy_coef_delta": "no entropy term",
+    "entropy_target": "no entropy term",
+    "sapo_temperature_neg": "not the sapo loss",
+    "sapo_temperature_pos": "not the sapo loss",
+    "vespo_k_pos": "not the vespo loss",
+    "vespo_lambda_pos": "not the vespo loss",
+    "vespo_k_neg": "not the vespo loss",
+    "vespo_lambda_neg": "not the vespo loss",
+    "use_bias_correction_kl": "the KL term is the kit's estimator per token, without a ratio weight",
+    "vllm_importance_sampling_correction": "no correction against vLLM's logprobs",
+    "cast_lm_head_to_fp32": "the kit scores the LM head in float32 chunks itself",
+    "use_liger_kernel": "liger computes GRPO's loss",
+}
+# The defaults SeeUPOConfig changes: these two are GRPO corrections SeeUPO does not apply.
+SEEUPO_DEFAULTS = {"beta": KL_DEFAULT, "use_bias_correction_kl": False, "vllm_importance_sampling_correction": False}
+
+
+def grpo_default(name: str) -> Any:
+    spec = GRPOConfig.__dataclass_fields__[name]
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
+
+
+def unused_options(args: GRPOConfig, defaults: dict[str, Any] | None = None) -> list[str]:
+    """'name=value (what SeeUPO does instead)' for every option of UNUSED_OPTIONS set away from its default."""
+    defaults = {**{name: grpo_default(name) for name in UNUSED_OPTIONS}, **(defaults or {})}
+    if args.importance_sampling_level == "sequence":  # what SeeUPO does anyway: nothing to refuse
+        defaults["importance_sampling_level"] = "sequence"
+    if not getattr(args, "use_vllm", False):  # TRL itself reads it only with vLLM
+        defaults["vllm_importance_sampling_correction"] = args.vllm_importance_sampling_correction
+    if not args.beta:  # no KL term: the correction of one changes nothing
+        defaults["use_bias_correction_kl"] = args.use_bias_correction_kl
+    return [f"{name}={getattr(args, name)!r} ({why})" for name, why in UNUSED_OPTIONS.items()
+            if getattr(args, name) != defaults[name]]
+
+
+def check_options(args: GRPOConfig, defaults: dict[str, Any] | None = None) -> None:
+    """Refuse, in one line each, what SeeUPOTrainer cannot honour."""
+    unused = unused_options(args, defaults)
+    if unused:
+        raise ValueError("SeeUPOTrainer does not use these GRPO options, unset them: " + "; ".join(unused))
+    if args.num_iterations != 1:
+        raise ValueError(f"SeeUPOTrainer: num_iterations must be 1 (SeeUPO updates each pool once), got {args.num_iterations}")
+    if args.steps_per_generation != args.gradient_accumulation_steps:
+        raise ValueError(
+            f"SeeUPOTrainer: steps_per_generation ({args.steps_per_generation}) must equal gradient_accumulation_steps "
+            f"({args.gradient_accumulation_steps}): one SeeUPO step updates one whole generation batch (set "
+            "generation_batch_size / steps_per_generation unset)")
+    if args.seeupo_max_tokens_per_microbatch < 1:
+        raise ValueError(f"seeupo_max_tokens_per_microbatch must be >= 1, got {args.seeupo_max_tokens_per_microbatch}")
+    kit_config(args)  # SeeUPO's own options
 
 
 @dataclass
@@ -43,7 +127,11 @@ class SeeUPOConfig(GRPOConfig):
     """GRPOConfig plus SeeUPO's options (paper defaults). Clipping is GRPOConfig's `epsilon` /
     `epsilon_high` (0.2 / 0.2) and the KL coefficient its `beta` (here 0.002, the paper's; 0 = off)."""
 
-    beta: float = field(default=0.002, metadata={"help": "SeeUPO's KL-to-reference coefficient (the paper's 0.002; 0: off)."})
+    beta: float = field(default=KL_DEFAULT, metadata={"help": "SeeUPO's KL-to-reference coefficient (the paper's 0.002; 0: off)."})
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": "Not used by SeeUPO (its KL term has no ratio weight): True is refused."})
+    vllm_importance_sampling_correction: bool = field(
+        default=False, metadata={"help": "Not used by SeeUPO: True with use_vllm is refused."})
     seeupo_order: str = field(default="reverse", metadata={"help": f"Turn pool update order: one of {ORDERS}."})
     seeupo_normalization: str = field(default="batch", metadata={"help": "GRAE normalization of M: none | group | batch."})
     seeupo_m_clip: list[float] | None = field(
@@ -51,17 +139,41 @@ class SeeUPOConfig(GRPOConfig):
     seeupo_old_policy: str = field(
         default="step_start", metadata={"help": f"Ratio anchor: one of {OLD_POLICIES} (step_start: the paper)."})
     seeupo_kl_estimator: str = field(default="low_var_kl", metadata={"help": "KL estimator: k1 | k2 | k3 | low_var_kl."})
+    seeupo_max_tokens_per_microbatch: int = field(
+        default=8192, metadata={"help": "Tokens per forward (and backward) of every SeeUPO pass: bounds activation memory."})
+    seeupo_pack_limit: int | None = field(
+        default=None, metadata={"help": "Pack sequences into one row only up to this many tokens (none: the budget on GPU, "
+                                        "256 on CPU, as the kit's learner)."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        kit_config(self)  # refuse bad SeeUPO options at construction, one line each
-        if self.num_iterations != 1:
-            raise ValueError(f"SeeUPOTrainer: num_iterations must be 1 (SeeUPO updates each pool once), got {self.num_iterations}")
-        if self.steps_per_generation != 1 or self.gradient_accumulation_steps != 1:
-            raise ValueError("SeeUPOTrainer updates a whole generation batch in one training step: set "
-                             "gradient_accumulation_steps=1 and steps_per_generation=1 (batch size via per_device_train_batch_size)")
-        if self.use_liger_kernel:
-            raise ValueError("SeeUPOTrainer: use_liger_kernel computes GRPO's loss; SeeUPO's is the kit's, turn it off")
+        check_options(self, SEEUPO_DEFAULTS)  # refuse at construction, one line each
+
+
+# SeeUPO's own fields, given to a plain GRPOConfig at their defaults.
+SEEUPO_FIELDS = {spec.name: spec.default for spec in fields(SeeUPOConfig) if spec.name.startswith("seeupo_")}
+
+
+def seeupo_args(args: GRPOConfig | None, model: Any) -> GRPOConfig:
+    """The arguments SeeUPOTrainer runs with: a SeeUPOConfig as given; none: SeeUPOConfig's defaults; a
+    plain GRPOConfig: a copy with SeeUPO's fields at their defaults and, where it says beta=0 (GRPOConfig's
+    default, KL off), SeeUPO's 0.002, said in one warning line (SeeUPOConfig(beta=0.0) turns the KL off)."""
+    if args is None:
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "model")
+        return SeeUPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-SeeUPO")
+    if isinstance(args, SeeUPOConfig):
+        return args
+    if not isinstance(args, GRPOConfig):
+        raise TypeError(f"SeeUPOTrainer: args must be a SeeUPOConfig or a GRPOConfig, got {type(args).__name__}")
+    args = copy.copy(args)  # the caller's object stays as it was
+    for name, value in SEEUPO_FIELDS.items():
+        setattr(args, name, copy.copy(value))
+    check_options(args)
+    if args.beta == 0.0:
+        args.beta = KL_DEFAULT
+        warnings.warn(f"SeeUPOTrainer: a plain GRPOConfig has beta=0.0 (KL off); SeeUPO's default beta={KL_DEFAULT} "
+                      "is used (pass SeeUPOConfig(beta=0.0) to train without the KL term)", UserWarning, stacklevel=3)
+    return args
 
 
 def kit_config(args: SeeUPOConfig) -> KitSeeUPOConfig:
@@ -99,173 +211,166 @@ def turn_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def rollout_batch(
-    inputs: dict[str, Any], *, num_generations: int, step: int, eos_ids: Sequence[int], temperature: float
-) -> RolloutBatch:
-    """The kit's records of one TRL generation batch (the output of `_generate_and_score_completions`
-    with SeeUPOTrainer's `seeupo_rewards` / `seeupo_rows`): one trajectory per completion, one turn per
-    run of model tokens. Rows whose reward is NaN (every reward function returned None) get no turns,
-    so the kit leaves them out (`never_started`)."""
-    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "seeupo_rewards", "seeupo_rows"):
+ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "seeupo_rewards", "seeupo_rows")
+
+
+def generation_rows(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one (slice of a) TRL generation batch, unpadded, as plain lists: what every process
+    gathers. Each: row (its position in the generation batch), prompt, completion, tool mask, sampled
+    logprobs (or None) and reward."""
+    for key in ROW_KEYS:
         if key not in inputs:
             raise ValueError(f"SeeUPOTrainer: the generation batch has no {key!r}")
     prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
     completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
     tool_mask = inputs.get("tool_mask")
     sampled = inputs.get("sampling_per_token_logps")
-    rewards, rows = inputs["seeupo_rewards"], inputs["seeupo_rows"]
+    rewards, positions = inputs["seeupo_rewards"], inputs["seeupo_rows"]
     n = len(completion_ids)
-    shapes = [len(prompt_ids), len(prompt_mask), len(completion_mask), len(rewards), len(rows)]
+    shapes = [len(prompt_ids), len(prompt_mask), len(completion_mask), len(rewards), len(positions)]
     if any(size != n for size in shapes) or (tool_mask is not None and tuple(tool_mask.shape) != tuple(completion_ids.shape)):
         raise ValueError(f"SeeUPOTrainer: malformed generation batch: {n} completions but row counts {shapes}"
                          + (f", tool_mask {tuple(tool_mask.shape)} vs completions {tuple(completion_ids.shape)}" if tool_mask is not None else ""))
-    trajectories = []
+    rows = []
     for i in range(n):
-        prompt = prompt_ids[i][prompt_mask[i].bool()].tolist()
         length = int(completion_mask[i].sum())
         if completion_mask[i][length:].any():
             raise ValueError(f"SeeUPOTrainer: completion {i}'s mask is not a prefix of ones")
-        completion = completion_ids[i][:length].tolist()
-        mask = tool_mask[i][:length].tolist() if tool_mask is not None else [1] * length
-        reward = float(rewards[i])
-        row = int(rows[i])
-        logps = sampled[i][:length].tolist() if sampled is not None else None
+        rows.append({
+            "row": int(positions[i]),
+            "prompt": prompt_ids[i][prompt_mask[i].bool()].tolist(),
+            "completion": completion_ids[i][:length].tolist(),
+            "tool_mask": tool_mask[i][:length].tolist() if tool_mask is not None else [1] * length,
+            "logps": sampled[i][:length].tolist() if sampled is not None else None,
+            "reward": float(rewards[i]),
+        })
+    return rows
+
+
+def batch_from_rows(rows: Sequence[dict[str, Any]], *, num_generations: int, step: int, eos_ids: Sequence[int],
+                    temperature: float) -> RolloutBatch:
+    """The kit's records of a generation batch's rows (`generation_rows`), in row order: one trajectory per
+    completion, one turn per run of model tokens. Rows whose reward is NaN (every reward function returned
+    None) get no turns, so the kit leaves them out (`never_started`); so do completions TRL masked whole
+    (`mask_truncated_completions`: the kit's `truncated: mask`)."""
+    rows = sorted(rows, key=lambda r: r["row"])
+    if len({r["row"] for r in rows}) != len(rows):
+        raise ValueError("SeeUPOTrainer: two rows of the generation batch share a position")
+    trajectories = []
+    for r in rows:
+        prompt, completion, logps, reward = r["prompt"], r["completion"], r["logps"], r["reward"]
         turns = []
         if math.isfinite(reward):
-            for start, end in turn_spans(mask):
+            for start, end in turn_spans(r["tool_mask"]):
                 turns.append(Turn(prompt + completion[:start], completion[start:end],
                                   logps[start:end] if logps is not None else [0.0] * (end - start),
                                   logprob_temperature=temperature if logps is not None else None))
         truncated = bool(completion) and completion[-1] not in eos_ids
-        group = f"{step}-g{row // num_generations}"
-        trajectories.append(Trajectory(group, group, f"{step}-r{row}", turns, reward if math.isfinite(reward) else 0.0,
+        group = f"{step}-g{r['row'] // num_generations}"
+        trajectories.append(Trajectory(group, group, f"{step}-r{r['row']}", turns, reward if math.isfinite(reward) else 0.0,
                                        success=False, truncated=truncated))
     return RolloutBatch(trajectories)
+
+
+def rollout_batch(inputs: dict[str, Any], *, num_generations: int, step: int, eos_ids: Sequence[int],
+                  temperature: float) -> RolloutBatch:
+    """The kit's records of one TRL generation batch (the output of `_generate_and_score_completions` with
+    SeeUPOTrainer's `seeupo_rewards` / `seeupo_rows`), on one process."""
+    return batch_from_rows(generation_rows(inputs), num_generations=num_generations, step=step, eos_ids=eos_ids,
+                           temperature=temperature)
 
 
 # ---------------------------------------------------------------------------------- the learner
 
 
-class TRLLearner:
-    """The kit's `Learner` over a GRPOTrainer's model, reference, accelerator and optimizer.
+class TRLLearner(LLMLearner):
+    """The kit's learner (packing, token-budget micro-batches, processes: training/learner.py) over a
+    GRPOTrainer's model, reference, accelerator and optimizer, with the optimizer step taken lazily:
+    a pool's step (clip at max_grad_norm, step, zero_grad) is taken before the next pass, and the last
+    one is left to the Trainer (`pending` says so). `forwards` counts the forward calls per model."""
 
-    Frozen passes take one forward per trajectory (its longest turn scores all of them); `minimize`
-    backpropagates each turn's share (one forward each)
-    and leaves the optimizer step pending: it is taken (clip at max_grad_norm, step, zero_grad) before
-    the next pass, and the last one is left to the Trainer (`pending` says so)."""
-
-    measures_alongside = False  # SeeUPO measures each pool's ratios in a frozen pass of their own
-
-    def __init__(self, trainer: GRPOTrainer, model: torch.nn.Module) -> None:
+    def __init__(self, trainer: GRPOTrainer, model: torch.nn.Module, *, pad_token_id: int,
+                 max_tokens_per_microbatch: int = 8192, pack_limit: int | None = None) -> None:
+        unwrapped = trainer.accelerator.unwrap_model(model)
+        # ref_logprobs is TRL's reference (below), never `reference`; the base only asks that one exist.
+        reference = trainer.ref_model if trainer.ref_model is not None or hasattr(unwrapped, "disable_adapter") else model
+        super().__init__(trainer.accelerator, model, trainer.optimizer, pad_token_id=pad_token_id, reference=reference,
+                         max_grad_norm=float(trainer.args.max_grad_norm or 0.0),
+                         max_tokens_per_microbatch=max_tokens_per_microbatch, pack_limit=pack_limit,
+                         logprob_temperature=float(trainer.temperature), trunk_cache_mib=0)
         self.trainer = trainer
-        self.model = model
-        self.accelerator = trainer.accelerator
-        self.optimizer = trainer.optimizer
-        self.temperature = float(trainer.temperature)
-        self.max_grad_norm = trainer.args.max_grad_norm
         self.pending = False
         self.steps_taken = 0
         self.grad_norms: list[float] = []
+        self.forwards: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ Learner protocol
 
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True) -> TokenLogprobs:
         self.flush()
-        with torch.set_grad_enabled(grad):
-            return self._score(self.model, samples)
+        return super().logprobs(samples, grad=grad)
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
         self.flush()
-        with torch.no_grad():
-            if self.trainer.ref_model is not None:
-                return self._score(self.trainer.ref_model, samples)
-            from trl.trainer.grpo_trainer import use_adapter  # a peft policy: the base with the adapter off
+        self._check_temperature(samples)
+        if self.trainer.ref_model is not None:
+            return self._frozen(samples, self._scorer(self.trainer.ref_model, "reference"))
+        from trl.trainer.grpo_trainer import use_adapter  # a peft policy: the base with the adapter off
 
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            if not hasattr(unwrapped, "peft_config"):
-                raise RuntimeError("SeeUPOTrainer: KL is on (beta > 0) but TRL built no reference model")
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                return self._score(self.model, samples)
-
-    def values(self, samples: Sequence[TurnSample]) -> torch.Tensor:
-        raise RuntimeError("SeeUPOTrainer has no value model")
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        if not hasattr(unwrapped, "peft_config"):
+            raise RuntimeError("SeeUPOTrainer: KL is on (beta > 0) but TRL built no reference model")
+        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+            return self._frozen(samples, self._scorer(unwrapped, "reference"))
 
     def minimize(self, samples: Sequence[TurnSample], loss: MicroLoss, *, values: bool = False,
                  entropy: bool = False) -> dict[str, float]:
         if values or entropy:
             raise RuntimeError("SeeUPOTrainer's learner has no value model and no entropy term")
         self.flush()
-        stats: Counter[str] = Counter()
-        for sample in samples:  # one part per turn: its share, normalized by the minibatch's totals
-            with torch.enable_grad():
-                share, part_stats = loss_share(loss([sample], self._score(self.model, [sample]), None))
-                if share.dim() != 0:
-                    raise ValueError(f"a MicroLoss must return a scalar share, got shape {tuple(share.shape)}")
-                self.accelerator.backward(share)
-            stats.update(part_stats)
-        self.pending = True
-        return dict(stats)
+        return super().minimize(samples, loss)
 
     def optimize(self, loss: torch.Tensor) -> dict[str, float]:
         self.flush()
-        self.accelerator.backward(loss)
-        self.pending = True
-        return {}
+        return super().optimize(loss)
 
     # ------------------------------------------------------------------ the lazy step
 
+    def _step(self, finite: bool) -> dict[str, float]:
+        """The base's step after a gradient pass: here only marked pending (see `flush`)."""
+        if not finite:  # every process agrees (the base reduced `finite`)
+            self._zero_grad()
+            return {"skipped_nonfinite": 1.0}
+        self.pending = True
+        return {}
+
     def flush(self) -> None:
-        """Take the pending optimizer step (as the Trainer would: clip, step, zero_grad)."""
+        """Take the pending optimizer step as the base learner does (clip, step unless the gradient is
+        missing or zero, zero_grad)."""
         if not self.pending:
             return
         self.pending = False
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.max_grad_norm is not None and self.max_grad_norm > 0:
-            norm = float(self.accelerator.clip_grad_norm_(params, self.max_grad_norm))
-        else:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            norm = float(torch.stack(grads).norm()) if grads else 0.0
-        self.grad_norms.append(norm)
-        if math.isfinite(norm) and norm > 0:  # as the kit's learner: no step on a missing or bad gradient
-            self.optimizer.step()
+        metrics = LLMLearner._step(self, True)
+        self.grad_norms.append(metrics["grad_norm"])
+        if not metrics.get("skipped_nonfinite") and not metrics.get("skipped_no_gradient"):
             self.steps_taken += 1
-        self.optimizer.zero_grad(set_to_none=True)
 
-    def _score(self, model: torch.nn.Module, samples: Sequence[TurnSample]) -> TokenLogprobs:
-        """Response logprobs of `samples`: one forward per trajectory when its turns' contexts extend each
-        other (the longest sequence scores every turn: causal attention), else one per turn."""
-        device = self.accelerator.device
-        rows: list[torch.Tensor | None] = [None] * len(samples)
-        by_trajectory: dict[str, list[int]] = {}
-        for i, sample in enumerate(samples):
-            if not sample.turn.context_ids:
-                raise ValueError(f"turn {sample.t} of {sample.rollout_id} has an empty context")
-            by_trajectory.setdefault(sample.rollout_id, []).append(i)
-        for indices in by_trajectory.values():
-            longest = max(indices, key=lambda i: len(samples[i].turn.context_ids) + len(samples[i].turn.response_ids))
-            sequence = samples[longest].turn.context_ids + samples[longest].turn.response_ids
-            spans = [(i, len(samples[i].turn.context_ids), len(samples[i].turn.response_ids)) for i in indices]
-            if all(sequence[: c + r] == samples[i].turn.context_ids + samples[i].turn.response_ids for i, c, r in spans):
-                groups = [(sequence, spans)]
-            else:
-                groups = [(samples[i].turn.context_ids + samples[i].turn.response_ids, [(i, c, r)]) for i, c, r in spans]
-            for tokens, group in groups:
-                if not any(r for _, _, r in group):
-                    for i, _, _ in group:
-                        rows[i] = torch.zeros(0, device=device)
-                    continue
-                end = max(c + r for _, c, r in group)
-                ids = torch.tensor([tokens[:end]], device=device)
-                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0]
-                for i, c, r in group:
-                    scores = torch.log_softmax(logits[c - 1 : c + r - 1].float() / self.temperature, dim=-1)
-                    rows[i] = scores.gather(-1, ids[0, c : c + r, None]).squeeze(-1)
-        width = max((len(row) for row in rows), default=0)
-        logprobs = core.pad_rows(rows, width) if rows else torch.zeros(0, 0, device=device)
-        mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
-        for k, row in enumerate(rows):
-            mask[k, : len(row)] = True
-        return TokenLogprobs(logprobs, mask)
+    def settle(self) -> None:
+        """Before the Trainer's own step: a pending gradient that is all zero is dropped (set to None), so
+        that its optimizer skips the parameters as the kit's learner does (AdamW would still move them)."""
+        if self.pending and not any(bool(p.grad.ne(0).any()) for p in self.model.parameters() if p.grad is not None):
+            self.pending = False
+            self._zero_grad()
+
+    def _scorer(self, model: torch.nn.Module, name: str, entropy: bool = False):
+        score = super()._scorer(model, name, entropy)
+
+        def counted(sequences):
+            if sequences is not self._dummy:
+                self.forwards[name] += 1
+            return score(sequences)
+
+        return counted
 
 
 # ---------------------------------------------------------------------------------- the trainer
@@ -273,28 +378,28 @@ class TRLLearner:
 
 class SeeUPOTrainer(GRPOTrainer):
     """GRPOTrainer with SeeUPO's sequential turn-pool update (see the module doc). Takes GRPOTrainer's
-    arguments; `args` is a `SeeUPOConfig` (a plain GRPOConfig gets SeeUPO's defaults, except its beta)."""
+    arguments; `args` is a `SeeUPOConfig` (a plain GRPOConfig: see `seeupo_args`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.accelerator.num_processes > 1:
-            raise ValueError("SeeUPOTrainer runs on one process for now (its batch normalization and pools are per process)")
-        train_args = self.args
-        if not isinstance(train_args, SeeUPOConfig):
-            if train_args.steps_per_generation != 1 or train_args.gradient_accumulation_steps != 1 or train_args.num_iterations != 1:
-                raise ValueError("SeeUPOTrainer needs gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1")
-            defaults = SeeUPOConfig.__dataclass_fields__
-            for name in ("seeupo_order", "seeupo_normalization", "seeupo_m_clip", "seeupo_old_policy", "seeupo_kl_estimator"):
-                setattr(train_args, name, defaults[name].default)
-        self.seeupo = SeeUPO(kit_config(train_args))
-        self.seeupo_generator = torch.Generator().manual_seed(train_args.seed)
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, *rest: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(model, reward_funcs, seeupo_args(args, model), *rest, **kwargs)
+        if getattr(self, "aux_loss_enabled", False):
+            warnings.warn(f"SeeUPOTrainer: SeeUPO's loss has no router auxiliary loss (router_aux_loss_coef="
+                          f"{self.router_aux_loss_coef} is not applied; set it to 0.0 to silence this)", UserWarning, stacklevel=2)
+        self.seeupo = SeeUPO(kit_config(self.args))
+        # TRL scores the reference in its generation step when beta != 0; SeeUPO scores its own (packed),
+        # so TRL's pass is turned off here. The KL coefficient SeeUPO uses stays `args.beta`.
+        self.beta = 0.0
+        self.seeupo_generator = torch.Generator().manual_seed(self.args.seed)
         self.seeupo_last_batch: RolloutBatch | None = None  # the rollouts of the latest step, for audits and parity
+        self.seeupo_last_learner: TRLLearner | None = None
         self._seeupo_rewards: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ rewards beside the batch
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # Gathered over processes by TRL: groups are consecutive rows of `num_generations` in this order.
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable, as GRPOTrainer marks it
         self._seeupo_rewards = rewards
@@ -303,11 +408,13 @@ class SeeUPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.model.training:
-            # Rewards and original row positions travel with each row through TRL's shuffle: groups are
-            # consecutive rows of `num_generations` before it.
+            # This process's rewards and positions in the gathered batch travel with each row through
+            # TRL's shuffle and split (TRL's own `process_slice`).
             n = len(output["completion_ids"])
-            output["seeupo_rewards"] = self._seeupo_rewards[:n].to(output["completion_ids"].device)
-            output["seeupo_rows"] = torch.arange(n, device=output["completion_ids"].device)
+            start = self.accelerator.process_index * n
+            device = output["completion_ids"].device
+            output["seeupo_rewards"] = self._seeupo_rewards[start : start + n].to(device)
+            output["seeupo_rows"] = torch.arange(start, start + n, device=device)
         return output
 
     # ------------------------------------------------------------------ the step
@@ -315,27 +422,51 @@ class SeeUPOTrainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         started = time.perf_counter()
         model.train()
-        inputs = self._prepare_inputs(inputs)
-        batch = rollout_batch(inputs, num_generations=self.num_generations, step=self.state.global_step,
-                              eos_ids=[*self.eos_token_ids, self._tokenizer.pad_token_id], temperature=float(self.temperature))
+        self._prepare_inputs(inputs)  # generates at the start of each generation batch
+        position = self._step % self.args.steps_per_generation
+        self._step += 1
+        if position != self.args.steps_per_generation - 1:
+            # An accumulation micro-step before the last: the update waits for the whole batch.
+            self._seeupo_step_time = time.perf_counter() - started
+            return torch.zeros((), device=self.accelerator.device)
+        if not self.accelerator.sync_gradients:
+            raise RuntimeError("SeeUPOTrainer: the Trainer did not end its accumulation window on the generation "
+                               "batch's last slice; keep steps_per_generation == gradient_accumulation_steps")
+        batch = self._whole_batch()
         self.seeupo_last_batch = batch
-        learner = TRLLearner(self, model)
+        learner = TRLLearner(self, model, pad_token_id=self._tokenizer.pad_token_id,
+                             max_tokens_per_microbatch=self.args.seeupo_max_tokens_per_microbatch,
+                             pack_limit=self.args.seeupo_pack_limit)
+        self.seeupo_last_learner = learner
         with self.compute_loss_context_manager():
             metrics = self.seeupo.update(batch, learner, self.seeupo_generator)
-        # The last pool's gradients stay for the Trainer's own clip + optimizer step + scheduler step.
-        pools = [phase.turn for phase in self.seeupo.schedule]
+        learner.settle()  # the last pool's gradients stay for the Trainer's clip + optimizer + scheduler step
+        self._log_step(batch, learner, metrics, time.perf_counter() - started + getattr(self, "_seeupo_step_time", 0.0))
+        loss = metrics.get("policy_loss", 0.0)
+        return torch.tensor(float(loss) if math.isfinite(loss) else 0.0, device=self.accelerator.device)
+
+    def _whole_batch(self) -> RolloutBatch:
+        """Every slice of the generation batch, from every process, in generation order."""
+        rows = [row for part in self._buffered_inputs for row in generation_rows(part)]
+        if self.accelerator.num_processes > 1:
+            rows = gather_object(rows)
+        return batch_from_rows(rows, num_generations=self.num_generations, step=self.state.global_step,
+                               eos_ids=[*self.eos_token_ids, self._tokenizer.pad_token_id],
+                               temperature=float(self.temperature))
+
+    def _log_step(self, batch: RolloutBatch, learner: TRLLearner, metrics: dict[str, float], seconds: float) -> None:
         logged = {
-            "pools_updated": float(len(pools)),
+            "pools_updated": float(len(self.seeupo.schedule)),
             "optimizer_steps": float(learner.steps_taken + (1 if learner.pending else 0)),
             "m_mean": metrics.get("m_mean", 0.0),
             "m_abs_max": metrics.get("m_abs_max", 0.0),
             "turns_per_trajectory": float(sum(len(t.turns) for t in batch) / max(len(batch), 1)),
+            "forwards_policy": float(learner.forwards["policy"]),
+            "forwards_reference": float(learner.forwards["reference"]),
+            "tokens_fed_policy": float(learner.tokens_fed["policy"]),
         }
         for key, value in metrics.items():  # the kit's own figures (policy_loss, kl, clipfrac, turn_pools, ...)
             logged.setdefault(key, float(value))
         for key, value in logged.items():
             self._metrics["train"][f"seeupo/{key}"].append(value)
-        self._step += 1
-        self._metrics["train"]["step_time"].append(time.perf_counter() - started)
-        loss = metrics.get("policy_loss", 0.0)
-        return torch.tensor(float(loss) if math.isfinite(loss) else 0.0, device=self.accelerator.device)
+        self._metrics["train"]["step_time"].append(seconds)
