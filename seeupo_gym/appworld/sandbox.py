@@ -1,4 +1,10 @@
-"""Start AppWorld worker processes inside a bubblewrap sandbox (or, opted in, without one).
+"""Start AppWorld worker processes inside a gVisor or bubblewrap sandbox (or, opted in, without one).
+
+Backends (`Launcher`'s mode, from the trainer's config only): "gvisor" gives each worker a
+kernel of its own (`runsc`, below); "bwrap" gives it namespaces of the host's kernel, whose
+machine-wide counters (the inode counter, ...) stay shared between concurrent sandboxes;
+"auto" (the default) is gvisor where `runsc` runs here, else bwrap with a warning that names
+the open channel; "none" runs model code unsandboxed (unsafe for training).
 
 A sandboxed worker runs as the unprivileged user nobody (65534) in its own user, PID, IPC,
 network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an
@@ -26,17 +32,33 @@ per-user budgets are then per sandbox. As another user, the sandbox's nobody is 
 `--die-with-parent` follows the *thread* that started bwrap (PR_SET_PDEATHSIG): create envs
 in a thread that lives as long as they do (the main thread, a vector env's worker), else
 their servers die with the thread and are restarted at the next reset.
+
+gVisor (`runsc run`, an OCI bundle made per worker): the same file view (a read-only root of
+empty mount points and the host's `/bin` links, the same read-only binds, a size-limited tmpfs
+at /scratch), nobody with no capabilities and no_new_privs, the same environment, no network
+(`--network=none`: only a loopback), and the same wire: the worker's end of the host's Unix
+socket is its stdin (runsc hands a sandbox nothing else of its parent's), and file descriptors
+ride along on it as they do under bwrap. The seccomp filter is a read-only file the workers
+load themselves. Inside, gVisor's kernel (the Sentry, a host process under its own host
+seccomp filter) has its own inode numbers, pipes, PIDs, IPC, /proc and /sys: no counter of the
+host kernel is visible to model code, so concurrent sandboxes share none. The whole sandbox
+(runsc, its gofer and Sentry) is in the memory cgroup, and dies with its parent (`setpriv
+--pdeathsig`; runsc takes its Sentry and gofer down with it). The warm parent puts each
+episode in user, PID, IPC and mount namespaces of gVisor's kernel as under bwrap; the episodes
+of one worker share that kernel, one after another (as they share the host's under bwrap).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
@@ -48,11 +70,13 @@ logger = logging.getLogger(__name__)
 
 WORKER_DIR = Path(__file__).with_name("worker")
 NOBODY = 65534
-SANDBOX_MODES = ("bwrap", "none")
+SANDBOX_MODES = ("auto", "gvisor", "bwrap", "none")
 # Where things appear inside the sandbox.
 WORKER_MOUNT = "/opt/seeupo-worker"
 SCRATCH_MOUNT = "/scratch"
 APPWORLD_ROOT = "/aw"
+SECCOMP_MOUNT = "/opt/seeupo-seccomp"  # under gVisor: the filter, a read-only file
+_bundles = itertools.count()
 
 
 class SandboxUnavailable(RuntimeError):
@@ -141,6 +165,17 @@ def describe_interpreter(python: Path) -> Interpreter:
     )
 
 
+def find_runsc() -> Path:
+    for candidate in (os.environ.get("SEEUPO_RUNSC"), shutil.which("runsc"), "/usr/sbin/runsc", "/usr/bin/runsc"):
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise SandboxUnavailable(
+        "No gVisor (runsc) binary: install it with `make runsc` (Debian/Ubuntu as root: `apt-get install runsc`), "
+        "or set $SEEUPO_RUNSC. Or pass sandbox='bwrap' (namespaces of the host's kernel: its global counters stay "
+        "shared between concurrent sandboxes, see docs/envs.md)."
+    )
+
+
 def find_bwrap(interpreter: Interpreter) -> Path:
     for candidate in (os.environ.get("SEEUPO_BWRAP"), interpreter.bundled_bwrap, shutil.which("bwrap")):
         if candidate and os.access(candidate, os.X_OK):
@@ -167,42 +202,73 @@ class Mounts:
 
 
 class Launcher:
-    """Starts worker scripts under the AppWorld interpreter, sandboxed unless mode is "none"."""
+    """Starts worker scripts under the AppWorld interpreter, sandboxed unless mode is "none".
 
-    def __init__(self, python: Path, mode: str = "bwrap", scratch_mb: int = 256) -> None:
+    mode: "auto" (gvisor where runsc runs here, else bwrap, with a warning), "gvisor", "bwrap"
+    or "none"; `self.mode` is the backend chosen. An explicit "gvisor" or "bwrap" that cannot
+    run here raises SandboxUnavailable saying what is missing.
+    """
+
+    def __init__(self, python: Path, mode: str = "auto", scratch_mb: int = 256) -> None:
         if mode not in SANDBOX_MODES:
             raise ValueError(f"sandbox must be one of {SANDBOX_MODES}, got {mode!r}")
-        self.mode = mode
         self.scratch_mb = scratch_mb
         self.interpreter = describe_interpreter(python)
-        self.bwrap = find_bwrap(self.interpreter) if mode == "bwrap" else None
+        self.bwrap: Path | None = None
+        self.runsc: Path | None = None
         self.seccomp = False
-        if self.bwrap is not None:
+        if mode != "none":
             try:
                 seccomp.filter_program(model_code=True)
                 self.seccomp = True
             except seccomp.SeccompUnavailable as error:
                 _warn_no_seccomp(str(error))
+        if mode == "auto":
+            try:
+                self.runsc = find_runsc()
+                self.check()
+                mode = "gvisor"
+            except SandboxUnavailable as error:
+                self.runsc = None
+                _warn_no_gvisor(str(error))
+                mode = "bwrap"
+        self.mode = mode
+        if mode == "gvisor" and self.runsc is None:
+            self.runsc = find_runsc()
             self.check()
+        elif mode == "bwrap":
+            self.bwrap = find_bwrap(self.interpreter)
+            self.check()
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.mode != "none"
 
     def check(self) -> None:
         """Run a trivial sandbox once per process; raise SandboxUnavailable saying what failed."""
-        key = (str(self.bwrap), str(self.interpreter.python))
+        key = (str(self.runsc or self.bwrap), str(self.interpreter.python))
         if key in _CHECKED:
             return
         probe = "import os, sys; sys.exit(0 if os.getuid() == 65534 else 3)"
-        command = self._bwrap_command(Mounts([])) + [*self._drop_to_nobody(), str(self.interpreter.python), "-I", "-c", probe]
-        with tempfile.TemporaryFile() as log:
-            process = self._start_bwrap(command, None, log)
+        with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory(prefix="seeupo-sandbox-check-") as folder:
+            if self.runsc is not None:
+                command = self._gvisor_command(Path(folder), Mounts([]), [str(self.interpreter.python), "-I", "-c", probe])
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+            else:
+                command = self._bwrap_command(Mounts([])) + [*self._drop_to_nobody(), str(self.interpreter.python),
+                                                             "-I", "-c", probe]
+                process = self._start_bwrap(command, None, log)
             try:
                 code = process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                process.kill()
+                os.killpg(process.pid, 9)
                 code = process.wait()
             log.seek(0)
             said = log.read().decode(errors="replace").strip()
         if code != 0:
-            raise SandboxUnavailable(_explain_failure(said or f"exit status {code}"))
+            said = said or f"exit status {code}"
+            raise SandboxUnavailable(_explain_gvisor_failure(said) if self.runsc is not None else _explain_failure(said))
         _CHECKED.add(key)
 
     def spawn(
@@ -219,11 +285,14 @@ class Launcher:
         `cgroup` (all it starts too) if given.
 
         `host_root` is the server's own folder: unsandboxed workers use it for their AppWorld
-        root and scratch, in place of the sandbox's mounts. `filter_per_process`: the worker
-        gets the seccomp filter as a file descriptor (its second argument) and loads it itself
-        on the processes that run model code, after making their namespaces (`worker/cells.py`);
-        bwrap then loads none, and nested user namespaces stay allowed until then.
+        root and scratch, in place of the sandbox's mounts, and gVisor for its bundles.
+        `filter_per_process`: the worker gets the seccomp filter (a file descriptor under bwrap,
+        a file's path under gVisor: its second argument) and loads it itself on the processes
+        that run model code, after making their namespaces (`worker/cells.py`); the sandbox
+        then loads none, and nested user namespaces stay allowed until then.
         """
+        if self.runsc is not None:
+            return self._spawn_gvisor(script, control_fd, mounts, host_root, log, cgroup, filter_per_process)
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
         command = self._bwrap_command(mounts, filter_per_process=filter_per_process)
@@ -233,6 +302,113 @@ class Launcher:
         # Only the cell sandbox runs model code: it gets the filter that also closes the shared
         # inodes (locks); the grader's SQLite needs locks on the DBs it builds.
         return self._start_bwrap(command, control_fd, log, cgroup, model_code=filter_per_process)
+
+    # ------------------------------------------------------------------ gVisor
+
+    def _spawn_gvisor(
+        self, script: str, control_fd: int, mounts: Mounts, host_root: Path, log: IO[bytes],
+        cgroup: MemoryCgroup | None, filter_per_process: bool,
+    ) -> subprocess.Popen[bytes]:
+        stem = Path(script).stem
+        for old in host_root.glob(f"gvisor-{stem}-*"):  # the last one's sandbox is dead (killed first)
+            shutil.rmtree(old, ignore_errors=True)
+        bundle = host_root / f"gvisor-{stem}-{next(_bundles)}"
+        bundle.mkdir()
+        # The control socket is the worker's stdin (fd 0): runsc passes a sandbox only its stdio.
+        args = [str(self.interpreter.python), f"{WORKER_MOUNT}/{script}", "0"]
+        extra: list[tuple[Path, str]] = []
+        if self.seccomp:
+            # Only the cell sandbox runs model code: it gets the filter that also closes the
+            # shared inodes (locks); the grader's SQLite needs locks on the DBs it builds.
+            program = bundle / "seccomp.bpf"
+            program.write_bytes(seccomp.filter_program(model_code=filter_per_process))
+            program.chmod(0o444)
+            extra.append((program, SECCOMP_MOUNT))
+            args.append(SECCOMP_MOUNT)  # cells: loaded per episode; the grader: at its start
+        elif filter_per_process:
+            args.append("none")
+        command = self._gvisor_command(bundle, mounts, args, extra)
+        if cgroup is not None:
+            # In the cgroup before runsc starts anything: its gofer and Sentry are in it from birth.
+            command[4:4] = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs")]
+        return subprocess.Popen(
+            command, stdin=control_fd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def _gvisor_command(
+        self, bundle: Path, mounts: Mounts, args: list[str], extra: Sequence[tuple[Path, str]] = (),
+    ) -> list[str]:
+        """Write the OCI bundle (config.json, rootfs) into `bundle`; the command that runs it."""
+        assert self.runsc is not None
+        rootfs = bundle / "rootfs"
+        rootfs.mkdir(parents=True)
+        rootfs.chmod(0o755)
+        binds: list[tuple[Path, str]] = [(Path("/usr"), "/usr")]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+            path = Path("/") / name
+            if path.is_symlink():
+                (rootfs / name).symlink_to(os.readlink(path))
+            elif path.is_dir():
+                binds.append((path, str(path)))
+        binds += [
+            (self.interpreter.base_prefix, str(self.interpreter.base_prefix)),
+            (self.interpreter.prefix, str(self.interpreter.prefix)),
+            (WORKER_DIR, WORKER_MOUNT),
+            *mounts.ro_binds,
+            *extra,
+        ]
+        if mounts.experiments_from is not None:
+            binds.append((mounts.experiments_from, f"{APPWORLD_ROOT}/experiments"))
+        entries = [{"destination": "/proc", "type": "proc", "source": "proc"}]
+        made: list[str] = []
+        for host, inside in binds:
+            if inside != "/usr" and Path(inside).is_relative_to("/usr") and Path(host) == Path(inside):
+                continue  # already under the /usr bind
+            if not any(Path(inside).is_relative_to(outer) for outer in made):
+                point = rootfs / inside.lstrip("/")  # a mount point in the root (empty, read-only)
+                if Path(host).is_dir():
+                    point.mkdir(parents=True, exist_ok=True)
+                else:
+                    point.parent.mkdir(parents=True, exist_ok=True)
+                    point.touch()
+            entries.append({"destination": inside, "type": "bind", "source": str(host),
+                            "options": ["rbind", "ro", "nosuid", "nodev"]})
+            made.append(inside)
+        entries.append({"destination": SCRATCH_MOUNT, "type": "tmpfs", "source": "tmpfs",
+                        "options": [f"size={self.scratch_mb}m", "mode=0777", "nosuid", "nodev"]})
+        (rootfs / SCRATCH_MOUNT.lstrip("/")).mkdir(exist_ok=True)
+        if not any(Path(inside).is_relative_to("/tmp") for inside in made):
+            (rootfs / "tmp").symlink_to(f"{SCRATCH_MOUNT}/tmp")
+        # else a bound folder lives under the host's /tmp (a checkout there): /tmp then holds
+        # just those read-only binds, and TMPDIR points into the scratch folder.
+        (rootfs / APPWORLD_ROOT.lstrip("/")).mkdir(exist_ok=True)
+        if mounts.experiments_from is None:
+            (rootfs / APPWORLD_ROOT.lstrip("/") / "experiments").symlink_to(f"{SCRATCH_MOUNT}/experiments")
+        spec = {
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": False,
+                "user": {"uid": NOBODY, "gid": NOBODY},
+                "args": args,
+                "env": [f"{key}={value}" for key, value in self._environment().items()],
+                "cwd": APPWORLD_ROOT,
+                "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+                "noNewPrivileges": True,
+            },
+            "root": {"path": str(rootfs), "readonly": True},
+            "hostname": "appworld",
+            "mounts": entries,
+            "linux": {"namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network")]},
+        }
+        (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        command = [
+            "/usr/bin/setpriv", "--pdeathsig", "KILL", "--",  # runsc dies with our thread (as bwrap's --die-with-parent)
+            str(self.runsc), "--root", str(bundle / "state"), "--network=none", "--ignore-cgroups",
+        ]
+        if os.geteuid() != 0:
+            command.append("--rootless")
+        container = f"seeupo-{bundle.name}-{os.getpid()}-{time.monotonic_ns()}"
+        return command + ["run", "--bundle", str(bundle), container]
 
     # ------------------------------------------------------------------ sandboxed
 
@@ -406,7 +582,17 @@ def _minimal_dev() -> list[str]:
     return args + ["--symlink", "/proc/self/fd", "/dev/fd", "--remount-ro", "/dev"]
 
 
-_CHECKED: set[tuple[str, str]] = set()  # (bwrap, python) pairs whose sandbox ran here
+_CHECKED: set[tuple[str, str]] = set()  # (bwrap or runsc, python) pairs whose sandbox ran here
+
+
+@functools.cache  # once per reason and process
+def _warn_no_gvisor(reason: str) -> None:
+    logger.warning(
+        "AppWorld sandboxes fall back to bubblewrap: gVisor cannot run here (%s). Concurrent bubblewrap "
+        "sandboxes share the host's kernel, whose global counters (the inode counter) carry data between "
+        "episodes (docs/envs.md, 'Sandbox'); install runsc (`make runsc`) to give each sandbox a kernel of its "
+        "own, or pass sandbox='bwrap' to choose this knowingly.", reason,
+    )
 
 
 @functools.cache  # once per reason and process
@@ -435,6 +621,15 @@ def _explain_failure(said: str) -> str:
         f"Cannot sandbox AppWorld here: {missing}. bubblewrap said: {said[-500:]}\n{_NEEDS} "
         "Pass sandbox='none' to run model code unsandboxed: unsafe for training (it runs as you, "
         "with your files, network and the grader in reach)."
+    )
+
+
+def _explain_gvisor_failure(said: str) -> str:
+    return (
+        f"Cannot sandbox AppWorld in gVisor here: runsc did not start a sandbox. It said: {said[-800:]}\n"
+        "gVisor runs as root (or, rootless, where this machine allows it) and needs ptrace or /dev/kvm. "
+        "Pass sandbox='bwrap' to use namespaces of the host's kernel instead (their global counters stay "
+        "shared, see docs/envs.md), or sandbox='auto' to fall back to it by itself."
     )
 
 

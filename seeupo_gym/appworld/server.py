@@ -134,7 +134,7 @@ class _Worker:
         self._launcher = launcher
         self._mounts = mounts
         self._root = root
-        self._memory_limit_mb = memory_limit_mb if launcher.bwrap is not None else None
+        self._memory_limit_mb = memory_limit_mb if launcher.sandboxed else None
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
         self.cgroup: MemoryCgroup | None = None  # the sandbox's memory cgroup while it runs
@@ -215,7 +215,7 @@ class _Worker:
         process = self._process
         if process is not None and process.poll() is None:
             try:
-                os.killpg(process.pid, 9)  # bwrap; its PID namespace, and all in it, dies with it
+                os.killpg(process.pid, 9)  # bwrap or runsc: its PID namespace (or Sentry), and all in it, dies with it
             except ProcessLookupError:
                 pass
             process.wait()
@@ -260,8 +260,10 @@ class AppWorldServer:
         data_dir: the AppWorld `data` folder (the grader sees all of it; an episode sees only
             its task's public files and the API docs).
         startup_timeout: seconds to wait for the workers to come up.
-        sandbox: "bwrap" (default) or "none": run model code unsandboxed, as the caller's
-            user, with the caller's file system (unsafe for training; for debugging only).
+        sandbox: "auto" (default: "gvisor" where runsc runs here, else "bwrap" with a warning),
+            "gvisor" (a kernel per sandbox), "bwrap" (namespaces of the host's kernel) or "none":
+            run model code unsandboxed, as the caller's user, with the caller's file system
+            (unsafe for training; for debugging only). See `sandbox.py`.
         limits: rlimits of each episode's process, the memory of the whole cell sandbox and the
             size of its scratch space (`SandboxLimits`).
     """
@@ -282,7 +284,7 @@ class AppWorldServer:
         self.restarts = 0
         self.experiment_name = EXPERIMENT
         launcher = Launcher(self.python, sandbox, scratch_mb=self.limits.scratch_mb)
-        self.sandbox = sandbox
+        self.sandbox = launcher.mode  # "auto" resolved
         sweep_stale_dirs()
         self._owner_pid = os.getpid()
         self.root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
@@ -629,9 +631,9 @@ class ServerPool:
         self.data_dir = Path(data_dir).resolve()
         self.startup_timeout = startup_timeout
         self.recycle_after = recycle_after
-        self.sandbox = sandbox
         self.limits = limits
-        Launcher(self.python, sandbox)  # fail here, with the reason, if this machine cannot sandbox
+        # Fail here, with the reason, if this machine cannot sandbox; "auto" is decided once, here.
+        self.sandbox = Launcher(self.python, sandbox).mode
         self._idle: list[AppWorldServer] = []
         self._busy: list[AppWorldServer] = []
         self._lock = threading.Lock()

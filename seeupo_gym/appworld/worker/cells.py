@@ -1,6 +1,6 @@
 """The cell worker: a warm parent that forks one fresh process per episode.
 
-Run by the AppWorld interpreter inside the cell sandbox:  python -P cells.py CONTROL_FD [SECCOMP_FD]
+Run by the AppWorld interpreter inside the cell sandbox:  python -P cells.py CONTROL_FD [SECCOMP_FD|PATH]
 
 The parent imports AppWorld and its apps but opens no world and runs no model code. On
 "begin" (with a socket riding along) it starts the episode (`Episode`): a process in
@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Callable
 
 import limits
 import wire
@@ -39,10 +40,11 @@ KILL_PROGRAM = "/bin/kill"
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
-    # In the sandbox: the seccomp filter's fd ("none" where this machine has no libseccomp),
-    # loaded per episode after its namespaces are made. Unsandboxed: no second argument.
+    # In the sandbox: the seccomp filter, an fd (bubblewrap) or a read-only file (gVisor), or
+    # "none" where this machine has no libseccomp; loaded per episode after its namespaces are
+    # made. Unsandboxed: no second argument.
     sandboxed = len(sys.argv) > 2
-    program = _read_all(int(sys.argv[2])) if sandboxed and sys.argv[2] != "none" else None
+    program = limits.read_filter(sys.argv[2]) if sandboxed and sys.argv[2] != "none" else None
     limits.make_undumpable()  # episode processes share our uid: they must not ptrace or read us
     limits.reset_scratch()
     limits.warm_up_appworld()
@@ -79,14 +81,6 @@ def main() -> None:
             reply = {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
         reply["id"] = request.get("id")
         wire.send(control, reply)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
 
 
 class Episode:
@@ -201,12 +195,12 @@ def _supervise(
     os.close(episode_fd)
     os.close(alive_read)
     os.write(status_fd, f"{pid}\n".encode())
-    ended = os.pidfd_open(pid)
+    ended, exited = _exit_watch(pid)
     keep = {1, parent, os.getpid(), pid}  # the sandbox's init, the warm parent, us, the episode
-    while True:
+    while not exited():
         ready = select.select([ended, sweeps], [], [])[0]
-        if ended in ready:
-            break
+        if sweeps not in ready:
+            continue
         if not sweeps.recv(16):
             break  # the parent is gone (and we with it: die_with_parent)
         found = _sweep_namespace(pid, keep) if sandboxed else _sweep_tree(pid)
@@ -223,6 +217,29 @@ def _supervise(
     os.write(status_fd, str(status).encode())
 
 
+def _exit_watch(pid: int) -> tuple[int, Callable[[], bool]]:
+    """A file descriptor that becomes readable once the child `pid` has exited (or may have),
+    and the check that says whether it has (without reaping it)."""
+    try:
+        fd = os.pidfd_open(pid)
+        return fd, lambda: bool(select.select([fd], [], [], 0)[0])
+    except OSError:  # gVisor's kernel has no pidfd_open: SIGCHLD wakes a pipe instead
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(write)
+
+        def exited() -> bool:
+            try:
+                os.read(read, 4096)
+            except BlockingIOError:
+                pass
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+        return read, exited
+
+
 def _run_episode(episode_fd: int, request: dict, sandboxed: bool, program: bytes | None, alive_fd: int) -> None:
     try:
         limits.die_with_parent(None)
@@ -230,7 +247,8 @@ def _run_episode(episode_fd: int, request: dict, sandboxed: bool, program: bytes
             return  # the supervisor died before the prctl
         if sandboxed:
             limits.new_ipc_and_mount_namespace()
-            limits.mask_proc(int(request["limits"]["memory_mb"]))
+            if not limits.own_kernel():  # gVisor's /proc holds no other sandbox's counters
+                limits.mask_proc(int(request["limits"]["memory_mb"]))
         os.setsid()
         limits.volunteer_for_oom_kill()
         limits.apply(request["limits"])
@@ -306,7 +324,11 @@ def _sweep_namespace(episode: int, keep: set[int]) -> int:
     fork fails). So: once the episode's process is stopped and stays stopped across one such
     kill (its threads' context switches unchanged), only it remains, and nothing is left to
     wake it. A process list alone is a consistent snapshot only when no pid was allocated
-    while it was read (the fast path when a request started nothing)."""
+    while it was read (the fast path when a request started nothing).
+
+    gVisor's kernel counts no context switches and has no last pid: there the kill is always
+    made, and "stayed stopped" is the episode's threads all stopped after it, with nothing
+    else left alive in its namespace."""
     deadline = time.monotonic() + SWEEP_S
     found = 0
     while time.monotonic() < deadline:
@@ -316,8 +338,8 @@ def _sweep_namespace(episode: int, keep: set[int]) -> int:
         if still:
             before = limits.last_pid()
             alive = limits.live_processes(keep)
-            if not alive and limits.last_pid() == before and limits.thread_states(episode) == still:
-                return found
+            if not alive and before is not None and limits.last_pid() == before and limits.thread_states(episode) == still:
+                return found  # (gVisor's kernel has no last pid: always the kill below)
             found += len(alive)
         if not _kill_namespace(deadline):
             continue

@@ -30,6 +30,8 @@ EXPERIMENT = "seeupo"
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
+    if len(sys.argv) > 2:  # under gVisor, the filter bubblewrap would have loaded: before anything else runs
+        limits.load_seccomp(limits.read_filter(sys.argv[2]))
     limits.make_undumpable()
     limits.reset_scratch()
     limits.warm_up_appworld()

@@ -43,9 +43,23 @@ def apply(limits: dict) -> None:
     for name, value in limits.items():
         if name in RLIMITS and value is not None:
             which, unit = RLIMITS[name]
-            resource.setrlimit(which, (int(value) * unit, int(value) * unit))
+            bound = int(value) * unit
+            hard = resource.getrlimit(which)[1]
+            if hard != resource.RLIM_INFINITY:
+                bound = min(bound, hard)  # a sandbox already stricter stays so
+            try:
+                resource.setrlimit(which, (bound, bound))
+            except ValueError:
+                if not (own_kernel() and hard == bound):
+                    raise  # gVisor's kernel refuses to set some (queued signals: 0 already)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    try:
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    except ValueError:
+        if not own_kernel():
+            raise
+        # gVisor's kernel refuses this limit; its message queues live in the episode's own IPC
+        # namespace of a kernel no other sandbox shares, and die with it.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails (EFBIG) instead of killing
 
 
@@ -115,6 +129,8 @@ def kill_descendants() -> int:
     since a killed child's children are reparented here."""
     me, killed = int(os.readlink("/proc/self")), 0
     depth = len(_namespace_pids("self")) - 1
+    if depth < 0 and os.getpid() == 1:
+        return _kill_namespace_from_its_init()
     while True:
         children = [pid for pid, parent, _ in processes() if parent == me]
         if not children:
@@ -143,6 +159,26 @@ def _namespace_pids(pid: str) -> list[int]:
     return []
 
 
+def _kill_namespace_from_its_init() -> int:
+    """`kill_descendants` for PID 1 of a namespace whose /proc has other numbers and no NSpid
+    lines (gVisor's): kill(-1) reaches every process of the namespace but this one, atomically
+    against fork, and whatever was in it is a child here (reparented to its init). Reaps them
+    all; returns how many."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    reaped = 0
+    while True:
+        try:
+            os.waitpid(-1, 0)
+            reaped += 1
+        except ChildProcessError:
+            return reaped
+        except InterruptedError:
+            continue
+
+
 def thread_states(pid: int) -> dict[int, tuple[str, int]]:
     """{thread id: (state, context switches so far)} of a process's threads ({} once it is
     gone). Switches grow whenever a thread runs, so equal values mean it did not run between."""
@@ -156,7 +192,8 @@ def thread_states(pid: int) -> dict[int, tuple[str, int]]:
             with open(f"/proc/{pid}/task/{tid}/status", "rb") as status:
                 fields = dict(line.split(b":", 1) for line in status.read().splitlines() if b":" in line)
             state = fields[b"State"].split()[0].decode()
-            switches = int(fields[b"voluntary_ctxt_switches"]) + int(fields[b"nonvoluntary_ctxt_switches"])
+            # gVisor's kernel counts no switches: 0, and only the state tells (cells.py, `_sweep_namespace`)
+            switches = int(fields.get(b"voluntary_ctxt_switches", 0)) + int(fields.get(b"nonvoluntary_ctxt_switches", 0))
         except (OSError, KeyError, ValueError):
             continue  # exited meanwhile
         found[int(tid)] = (state, switches)
@@ -181,10 +218,14 @@ def live_processes(keep: set[int]) -> list[int]:
     return alive
 
 
-def last_pid() -> int:
-    """The last pid this PID namespace handed out (to a process or a thread)."""
-    with open("/proc/sys/kernel/ns_last_pid") as file:
-        return int(file.read())
+def last_pid() -> int | None:
+    """The last pid this PID namespace handed out (to a process or a thread); None where the
+    kernel does not say (gVisor's)."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid") as file:
+            return int(file.read())
+    except FileNotFoundError:
+        return None
 
 
 def descendants(root: int) -> list[int]:
@@ -209,7 +250,12 @@ def new_user_and_pid_namespace() -> None:
     _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWPID), "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
     _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # else /proc/self belongs to root, not to us
     try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
+        try:
+            with open("/proc/self/setgroups", "w") as file:
+                file.write("deny")
+        except OSError:
+            pass  # gVisor's kernel has no writable setgroups file; Linux's refuses the gid_map below without it
+        for name, text in (("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
             with open(f"/proc/self/{name}", "w") as file:
                 file.write(text)
     finally:
@@ -219,8 +265,18 @@ def new_user_and_pid_namespace() -> None:
 def new_ipc_and_mount_namespace() -> None:
     """SysV IPC objects and POSIX message queues of this process's own (gone when it is), and
     mounts of its own (`mask_proc`): needs the capabilities of its user namespace."""
+    if own_kernel():
+        # gVisor refuses mounts in nested user namespaces: no `mask_proc`, whose /proc is the
+        # sandbox kernel's own anyway (no other sandbox's activity is in it).
+        _check(_libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+        return
     _check(_libc.unshare(_CLONE_NEWIPC | _CLONE_NEWNS), "unshare(CLONE_NEWIPC | CLONE_NEWNS)")
     _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
+
+
+def own_kernel() -> bool:
+    """True in a gVisor sandbox: a kernel of its own (the Sentry), which has this file."""
+    return os.path.exists("/proc/sentry-meminfo")
 
 
 # /proc files that are not about a process, given constant contents (what psutil, glibc and
@@ -326,8 +382,20 @@ def make_undumpable() -> None:
 
 
 def in_own_pid_namespace() -> bool:
-    """True inside the bubblewrap sandbox: we are the child of its PID 1 and not root."""
-    return os.environ.get("SEEUPO_SANDBOXED") == "1" and os.getppid() == 1 and os.getuid() != 0
+    """True inside the sandbox, not root: the child of bubblewrap's PID 1, or gVisor's PID 1
+    itself (whose parent has no pid there: 0)."""
+    return os.environ.get("SEEUPO_SANDBOXED") == "1" and os.getppid() in (0, 1) and os.getuid() != 0
+
+
+def read_filter(source: str) -> bytes:
+    """The seccomp program from a file descriptor number (bubblewrap's memfd, closed after) or
+    a read-only file's path (gVisor's bundle)."""
+    fd = int(source) if source.isdigit() else os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def empty_folder(path: str) -> None:
