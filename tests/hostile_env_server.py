@@ -192,8 +192,9 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
         text, reward, terminated, truncated, info = env.step(message["data"]["response"])
         done = terminated or truncated
         if mode == "never_done" and done:
-            over, reward, done, truncated = (text, info), 0.0, False, False
+            reward, done, truncated = 0.0, False, False
             info = {**info, "messages": info["messages"] + [{"role": "user", "content": "Go on."}]}
+            over = (text, info)
         if mode == "huge_reward":
             reward = 1e300
         elif mode == "nan_reward":
