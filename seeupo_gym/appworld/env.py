@@ -186,11 +186,11 @@ class AppWorldEnv(gym.Env[str, str]):
         max_output_chars: longer execution outputs are cut, with a note.
         startup_timeout: seconds to wait for a server to come up.
         recycle_after: episodes after which an env's server is restarted.
-        sandbox: "auto" (default): "gvisor" where gVisor's runsc runs here, else "bwrap" with a
-            warning. "gvisor": model code runs in a gVisor sandbox, a kernel of its own (see
-            `seeupo_gym.appworld.sandbox`); "bwrap": in a bubblewrap sandbox (namespaces of the
-            host's kernel, whose global counters concurrent sandboxes share); a machine that
-            cannot run the one named gets an error naming what is missing. "none": no sandbox,
+        sandbox: "bwrap" (default): model code runs in a bubblewrap sandbox (namespaces of the
+            host's kernel, whose global counters concurrent sandboxes share); "gvisor": in a
+            gVisor sandbox, a kernel of its own (see `seeupo_gym.appworld.sandbox` and
+            docs/envs.md for the cost); "auto": gvisor where runsc runs here, else bwrap with a
+            warning. A machine that cannot run the one named gets an error naming what is missing. "none": no sandbox,
             model code runs as you and can reach your files, network and the grader: unsafe for
             training, for debugging only. From the trainer's config only, never from a data row.
         limits: rlimits of each episode's process and the memory of its sandbox (`SandboxLimits`,

@@ -3,8 +3,9 @@
 Backends (`Launcher`'s mode, from the trainer's config only): "gvisor" gives each worker a
 kernel of its own (`runsc`, below); "bwrap" gives it namespaces of the host's kernel, whose
 machine-wide counters (the inode counter, ...) stay shared between concurrent sandboxes;
-"auto" (the default) is gvisor where `runsc` runs here, else bwrap with a warning that names
-the open channel; "none" runs model code unsandboxed (unsafe for training).
+"auto" is gvisor where `runsc` runs here, else bwrap with a warning that names the open
+channel; "none" runs model code unsandboxed (unsafe for training). The envs' default is bwrap
+(docs/envs.md says why and what gVisor costs).
 
 A sandboxed worker runs as the unprivileged user nobody (65534) in its own user, PID, IPC,
 network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an

@@ -260,8 +260,8 @@ class AppWorldServer:
         data_dir: the AppWorld `data` folder (the grader sees all of it; an episode sees only
             its task's public files and the API docs).
         startup_timeout: seconds to wait for the workers to come up.
-        sandbox: "auto" (default: "gvisor" where runsc runs here, else "bwrap" with a warning),
-            "gvisor" (a kernel per sandbox), "bwrap" (namespaces of the host's kernel) or "none":
+        sandbox: "bwrap" (default: namespaces of the host's kernel), "gvisor" (a kernel per
+            sandbox), "auto" (gvisor where runsc runs here, else bwrap with a warning) or "none":
             run model code unsandboxed, as the caller's user, with the caller's file system
             (unsafe for training; for debugging only). See `sandbox.py`.
         limits: rlimits of each episode's process, the memory of the whole cell sandbox and the
