@@ -17,7 +17,8 @@ pytest.importorskip("trl", reason="the TRL trainer's tests need `pip install see
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn  # noqa: E402
 from seeupo_gym.algorithms.seeupo import SeeUPO  # noqa: E402
 from seeupo_gym.integrations.trl_seeupo import (  # noqa: E402
-    SeeUPOConfig, TRLLearner, kit_config, rollout_batch, turn_spans)
+    SEEUPO_DEFAULTS, UNUSED_OPTIONS, USED_OPTIONS, SeeUPOConfig, TRLLearner, batch_from_rows, generation_rows, kit_config,
+    rollout_batch, seeupo_args, turn_spans)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "seeupo_in_trl.py"
 
@@ -30,6 +31,27 @@ def parity_script():
 
 
 # ------------------------------------------------------------------------------ records, quick
+
+
+def test_a_plain_grpoconfig_trainer_keeps_the_kl_on_and_leaves_trls_reference_pass_off(tmp_path, one_torch_thread):
+    """SeeUPOTrainer(args=GRPOConfig(...)): TRL builds the reference (beta 0.002 reached it), SeeUPO's KL is
+    on, and TRL's own reference pass in its generation step is off (SeeUPO scores its own, packed)."""
+    from trl import GRPOConfig
+    from trl.chat_template_utils import add_response_schema
+
+    from seeupo_gym.integrations.trl import SeeUPOTrainer, make
+
+    script = parity_script()
+    model_dir = script.save_tiny(tmp_path / "tiny")
+    from transformers import AutoTokenizer
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), **SMALL, max_completion_length=16, bf16=False, save_strategy="no")
+    with pytest.warns(UserWarning, match="beta 0.0 -> 0.002"):
+        trainer = SeeUPOTrainer(model=str(model_dir), args=args,
+                                processing_class=add_response_schema(AutoTokenizer.from_pretrained(model_dir)),
+                                **make("seeupo/TurnBandit-v0", variant="follow", num_tasks=2))
+    assert trainer.ref_model is not None and trainer.args.beta == 0.002 and trainer.seeupo.config.kl_coef == 0.002
+    assert trainer.beta == 0.0 and args.beta == 0.0
 
 
 def test_turns_are_the_runs_of_model_tokens_in_the_tool_mask():
@@ -103,6 +125,108 @@ def test_options_it_cannot_honour_are_refused_at_construction(tmp_path, kwargs, 
                      num_generations=2, **kwargs)
 
 
+SMALL = {"use_cpu": True, "report_to": [], "per_device_train_batch_size": 2, "num_generations": 2}
+
+
+def test_every_grpo_option_is_used_or_refused_by_name():
+    """A GRPOConfig field TRL adds later fails here until it is classified: used, or refused by name."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+    from trl import GRPOConfig
+
+    own = {f.name for f in fields(GRPOConfig)} - {f.name for f in fields(TrainingArguments)}
+    assert own - USED_OPTIONS - UNUSED_OPTIONS.keys() == set()
+    assert not USED_OPTIONS & UNUSED_OPTIONS.keys()
+
+
+def off_default(name):
+    """A value of GRPOConfig option `name` other than its default (and SeeUPOConfig's)."""
+    from seeupo_gym.integrations.trl_seeupo import grpo_default
+
+    value = SEEUPO_DEFAULTS.get(name, grpo_default(name))
+    special = {"loss_type": "dr_grpo", "scale_rewards": "batch", "multi_objective_aggregation": "normalize_then_sum",
+               "importance_sampling_level": "token", "delta": 2.0, "off_policy_mask_threshold": 0.5}
+    if name in special:
+        return special[name]
+    return (not value) if isinstance(value, bool) else value + 0.5
+
+
+@pytest.mark.parametrize("name", sorted(set(UNUSED_OPTIONS) - {"vllm_importance_sampling_correction", "use_liger_kernel"}))
+def test_each_grpo_option_seeupo_does_not_use_is_refused_in_one_line(tmp_path, name):
+    kwargs = {name: off_default(name)}
+    if name == "use_bias_correction_kl":
+        kwargs["beta"] = 0.002  # without a KL term the correction of one is moot
+    with pytest.raises(ValueError, match=f"does not use these GRPO options.*{name}=") as error:
+        SeeUPOConfig(output_dir=str(tmp_path), **SMALL, **kwargs)
+    assert "\n" not in str(error.value)
+    from trl import GRPOConfig
+
+    from seeupo_gym.integrations.trl_seeupo import grpo_default
+
+    plain = GRPOConfig(output_dir=str(tmp_path), **SMALL, **kwargs)
+    if kwargs[name] == grpo_default(name):  # GRPOConfig's default where SeeUPOConfig has another: adapted, said
+        ours = SEEUPO_DEFAULTS[name]
+        with pytest.warns(UserWarning, match=f"{name} {kwargs[name]!r} -> {ours!r}"):
+            assert getattr(seeupo_args(plain, "model"), name) == ours
+        return
+    with pytest.raises(ValueError, match=f"{name}="):  # a plain GRPOConfig, through the trainer's door
+        seeupo_args(plain, "model")
+
+
+def test_dr_grpo_and_friends_are_refused_together_and_the_consistent_ones_pass(tmp_path):
+    with pytest.raises(ValueError) as error:
+        SeeUPOConfig(output_dir=str(tmp_path), **SMALL, loss_type="dr_grpo", scale_rewards="none", top_entropy_quantile=0.2)
+    message = str(error.value)
+    assert "\n" not in message and all(f"{n}=" in message for n in ("loss_type", "scale_rewards", "top_entropy_quantile"))
+    # What SeeUPO does anyway, or moot: accepted without a word.
+    args = SeeUPOConfig(output_dir=str(tmp_path), **SMALL, importance_sampling_level="sequence", beta=0.0,
+                        use_bias_correction_kl=True, vllm_importance_sampling_correction=True, mask_truncated_completions=True)
+    assert args.beta == 0.0  # SeeUPOConfig(beta=0.0): the explicit way to train without the KL term
+
+
+def test_a_plain_grpoconfig_gets_seeupos_kl_default_with_one_warning_line(tmp_path):
+    from trl import GRPOConfig
+
+    plain = GRPOConfig(output_dir=str(tmp_path), **SMALL)
+    assert plain.beta == 0.0  # TRL's default: KL off
+    with pytest.warns(UserWarning, match=r"plain GRPOConfig.*beta 0\.0 -> 0\.002") as caught:
+        args = seeupo_args(plain, "model")
+    (warning,) = [w for w in caught if "SeeUPO" in str(w.message)]
+    assert "\n" not in str(warning.message) and "SeeUPOConfig(beta=0.0)" in str(warning.message)
+    assert (args.beta, args.importance_sampling_level, args.use_bias_correction_kl) == (0.002, "sequence", False)
+    assert kit_config(args).kl_coef == 0.002 and kit_config(args).order == "reverse"
+    assert plain.beta == 0.0 and not hasattr(plain, "seeupo_order")  # the caller's object is untouched
+    chosen = seeupo_args(GRPOConfig(output_dir=str(tmp_path), **SMALL, beta=0.01), "model")
+    assert chosen.beta == 0.01  # a beta the user set is kept
+    ours = SeeUPOConfig(output_dir=str(tmp_path), **SMALL, beta=0.0)
+    assert seeupo_args(ours, "model") is ours and ours.beta == 0.0
+
+
+def test_gradient_accumulation_needs_the_generation_batch_to_be_its_window(tmp_path):
+    args = SeeUPOConfig(output_dir=str(tmp_path), **SMALL, gradient_accumulation_steps=2)
+    assert args.steps_per_generation == 2 and args.generation_batch_size == 4
+    with pytest.raises(ValueError, match="steps_per_generation \\(4\\) must equal gradient_accumulation_steps \\(2\\)"):
+        SeeUPOConfig(output_dir=str(tmp_path), **SMALL, gradient_accumulation_steps=2, steps_per_generation=4)
+
+
+def test_rows_gathered_from_slices_and_processes_make_one_batch_in_generation_order():
+    """TRL shuffles a generation batch, splits it into accumulation slices, and each process holds its own
+    part: the rows, gathered in any order, give the batch of the unsplit rows."""
+    whole = generation_batch([[10, 2], [20, 2], [30, 90, 31, 2], [40, 2]], [[1, 1], [1, 1], [1, 0, 1, 1], [1, 1]],
+                             [1.0, 0.0, 0.5, 0.25])
+    reference = rollout_batch(whole, num_generations=2, step=0, eos_ids=[2], temperature=1.0)
+    rows = generation_rows(whole)
+    shuffled = [rows[3], rows[0], rows[2], rows[1]]  # slices of two processes, in gather order
+    batch = batch_from_rows(shuffled, num_generations=2, step=0, eos_ids=[2], temperature=1.0)
+    assert [t.rollout_id for t in batch] == [t.rollout_id for t in reference] == ["0-r0", "0-r1", "0-r2", "0-r3"]
+    assert [t.group_id for t in batch] == ["0-g0", "0-g0", "0-g1", "0-g1"]
+    assert [[(u.context_ids, u.response_ids) for u in t.turns] for t in batch] == \
+        [[(u.context_ids, u.response_ids) for u in t.turns] for t in reference]
+    with pytest.raises(ValueError, match="share a position"):
+        batch_from_rows(rows + rows[:1], num_generations=2, step=0, eos_ids=[2], temperature=1.0)
+
+
 def test_config_defaults_are_the_papers(tmp_path):
     config = kit_config(SeeUPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=2,
                                      num_generations=2))
@@ -137,21 +261,70 @@ def multi_turn_batch(seed=0, vocab=500):
     return RolloutBatch(trajectories)
 
 
-def trl_learner_update_with_a_stand_in_trainer(model, order, kl_coef, lr):
-    """TRLLearner with a stand-in for the GRPOTrainer (its model, reference, accelerator, optimizer and
-    settings: what the learner reads), then the pending step the Trainer would take."""
+def stand_in_trainer(model, lr=0.1, reference=True):
+    """What TRLLearner reads of a GRPOTrainer (its accelerator, optimizer, reference and settings): a stand-in."""
     from accelerate import Accelerator
 
     from seeupo_gym.training.learner import frozen_copy
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=optimizer, temperature=1.0,
-                              args=SimpleNamespace(max_grad_norm=1.0), ref_model=frozen_copy(model))
-    learner = TRLLearner(trainer, model, pad_token_id=0)
-    config = kit_config(SimpleNamespace(seeupo_normalization="batch", seeupo_order=order, seeupo_old_policy="step_start",
-                                        seeupo_m_clip=None, epsilon=0.2, epsilon_high=None, beta=kl_coef,
-                                        seeupo_kl_estimator="low_var_kl"))
-    SeeUPO(config).update(multi_turn_batch(), learner, torch.Generator().manual_seed(0))
+    return SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+                           temperature=1.0, args=SimpleNamespace(max_grad_norm=1.0),
+                           ref_model=frozen_copy(model) if reference else None)
+
+
+def paper_config(order="reverse", kl_coef=0.002):
+    return kit_config(SimpleNamespace(seeupo_normalization="batch", seeupo_order=order, seeupo_old_policy="step_start",
+                                      seeupo_m_clip=None, epsilon=0.2, epsilon_high=None, beta=kl_coef,
+                                      seeupo_kl_estimator="low_var_kl"))
+
+
+def bfcl_like_batch(seed=0):
+    """8 trajectories (4 groups of 2) of a 40-token prompt and 4 turns of 12 tokens, 8-token tool results."""
+    generator = torch.Generator().manual_seed(seed)
+    ints = lambda n: torch.randint(3, 500, (n,), generator=generator).tolist()  # noqa: E731
+    trajectories = []
+    for i in range(8):
+        ids, turns = ints(40), []
+        for _ in range(4):
+            reply = ints(12)
+            turns.append(Turn(list(ids), reply, [0.0] * len(reply)))
+            ids += reply + ints(8)
+        trajectories.append(Trajectory(f"g{i // 2}", f"g{i // 2}", f"r{i}", turns, float(i % 3), False))
+    return RolloutBatch(trajectories)
+
+
+def test_a_step_runs_packed_micro_batches_not_one_forward_per_turn_sample(tiny, one_torch_thread):
+    """One SeeUPO step (KL on, reverse) on 8 trajectories x 4 turns = 32 turn samples. Each trajectory packs
+    into one sequence (40 + 3 x 20 + 12 = 112 tokens); on CPU sequences pack into rows of up to 256 tokens,
+    two per row. Frozen passes (step-start policy, reference): 8 x 112 tokens = 4 forwards each. Pool t's
+    gradient pass packs its samples with the previous pool's ratio measurement (same trajectory, longer
+    prefix): pools 4, 3 -> 112-token sequences (4 forwards each), 2 -> 92 (4), 1 -> 72 (3 per row: 3).
+    Policy 4 + 4 + 4 + 4 + 3 = 19, reference 4; the learner this replaced took 64 + 8 (one forward per
+    turn sample in every gradient pass: 32; one per trajectory in each frozen pass: 8 + 8; a ratio pass
+    of its own after pools 4, 3, 2: 24). With a 112-token budget every forward holds one sequence."""
+    import copy
+
+    model, _ = tiny
+    for budget, expected in ((8192, {"policy": 19, "reference": 4}), (112, {"policy": 40, "reference": 8})):
+        ours = copy.deepcopy(model)
+        ours.train()
+        widths = []
+        ours.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+        trainer = stand_in_trainer(ours)
+        learner = TRLLearner(trainer, ours, pad_token_id=0, max_tokens_per_microbatch=budget)
+        SeeUPO(paper_config()).update(bfcl_like_batch(), learner, torch.Generator().manual_seed(0))
+        print(f"\nbudget {budget}: forwards {dict(learner.forwards)}, tokens {dict(learner.tokens_fed)}")
+        assert dict(learner.forwards) == expected
+        assert len(widths) == expected["policy"] + expected["reference"]  # the reference is a copy: hooked too
+        assert max(widths) <= min(budget, 256)
+        assert learner.tokens_fed["policy"] == 8 * (112 + 112 + 112 + 92 + 72)  # each token once per pass
+
+
+def trl_learner_update_with_a_stand_in_trainer(model, order, kl_coef, lr):
+    """TRLLearner with a stand-in for the GRPOTrainer (its model, reference, accelerator, optimizer and
+    settings: what the learner reads), then the pending step the Trainer would take."""
+    learner = TRLLearner(stand_in_trainer(model, lr), model, pad_token_id=0)
+    SeeUPO(paper_config(order, kl_coef)).update(multi_turn_batch(), learner, torch.Generator().manual_seed(0))
     assert learner.pending  # the last pool's step is the Trainer's
     learner.flush()
     return learner.steps_taken
@@ -206,6 +379,7 @@ def test_seeupo_trainer_trains_two_steps_on_turnbandit_and_logs_seeupos_figures(
     for entry in logs:
         assert entry["seeupo/pools_updated"] == 3 and entry["seeupo/optimizer_steps"] == 3
         assert entry["seeupo/m_abs_max"] > 0 and "seeupo/kl" in entry and "grad_norm" in entry
+        assert entry["seeupo/forwards_policy"] > 0 and entry["seeupo/forwards_reference"] > 0  # SeeUPO's own passes
     script.check_turns(trainer)
 
 
@@ -214,13 +388,27 @@ def test_seeupo_trainer_trains_two_steps_on_turnbandit_and_logs_seeupos_figures(
 def test_parity_script_one_step_equals_the_kit_and_the_control_does_not(tmp_path, one_torch_thread, capsys):
     script = parity_script()
     model_dir = script.save_tiny(tmp_path / "tiny")
-    for case in script.CASES:
+    for case in ("reverse", "natural", "kl"):
         x = script.run_case(model_dir, tmp_path, case)
         print(f"{case}: max parameter difference vs the kit: {x:.3g}")
         assert x <= 1e-5, case
     control = script.run_case(model_dir, tmp_path, "natural", kit_order="reverse")
     print(f"control: {control:.3g}")
     assert control > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", ["accumulation", "processes"])
+def test_two_steps_with_gradient_accumulation_or_two_processes_equal_the_kits(tmp_path, one_torch_thread, case):
+    """gradient_accumulation_steps=2 (2 completions per micro-step), or 2 CPU processes (torch.distributed.run,
+    DDP over gloo; 2 completions each): each SeeUPO step updates the whole 4-completion batch (checked in the
+    script), and 2 steps equal the kit's 2 updates on the same rollouts."""
+    script = parity_script()
+    model_dir = script.save_tiny(tmp_path / "tiny")
+    x = script.run_case(model_dir, tmp_path, case, steps=2)
+    print(f"\n{case}, 2 steps: max parameter difference vs the kit: {x:.3g}")
+    assert x <= 1e-5
 
 
 HOSTILE_REPLIES = [
@@ -277,11 +465,9 @@ def test_hostile_completions_execute_nothing_and_training_continues(tmp_path, on
 
 
 def test_one_forward_per_trajectory_scores_as_one_per_turn_and_a_rebuilt_context_is_scored_alone(tiny, one_torch_thread):
-    from accelerate import Accelerator
-
     model, _ = tiny
-    trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), optimizer=None, temperature=0.9,
-                              args=SimpleNamespace(max_grad_norm=1.0), ref_model=None)
+    trainer = stand_in_trainer(model, reference=False)
+    trainer.temperature = 0.9
     learner = TRLLearner(trainer, model, pad_token_id=0)
     batch = multi_turn_batch()
     rebuilt = batch.trajectories[0].turns[1]

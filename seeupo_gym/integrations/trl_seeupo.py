@@ -62,7 +62,7 @@ UNUSED_OPTIONS: dict[str, str] = {
     "loss_type": "the loss is SeeUPO's (clipped sequence ratio per turn pool, mean over the pool)",
     "scale_rewards": "advantages are normalized by seeupo_normalization",
     "multi_objective_aggregation": "rewards are the reward_weights-weighted sum",
-    "importance_sampling_level": "the ratio is always one per turn, GSPO's sequence ratio",
+    "importance_sampling_level": "the ratio is one per turn: GSPO's sequence ratio, 'sequence'",
     "top_entropy_quantile": "every response token is in the loss",
     "delta": "the clip is epsilon / epsilon_high only",
     "off_policy_mask_threshold": "no off-policy masking",
@@ -83,8 +83,27 @@ UNUSED_OPTIONS: dict[str, str] = {
     "cast_lm_head_to_fp32": "the kit scores the LM head in float32 chunks itself",
     "use_liger_kernel": "liger computes GRPO's loss",
 }
-# The defaults SeeUPOConfig changes: these two are GRPO corrections SeeUPO does not apply.
-SEEUPO_DEFAULTS = {"beta": KL_DEFAULT, "use_bias_correction_kl": False, "vllm_importance_sampling_correction": False}
+# The defaults SeeUPOConfig changes: what SeeUPO does, where GRPOConfig's default says otherwise.
+SEEUPO_DEFAULTS = {"beta": KL_DEFAULT, "importance_sampling_level": "sequence", "use_bias_correction_kl": False,
+                   "vllm_importance_sampling_correction": False}
+# The other GRPOConfig options (beyond transformers' TrainingArguments): read by GRPOTrainer's generation,
+# scoring, reference and logging, which SeeUPOTrainer keeps, or checked here (num_iterations,
+# steps_per_generation), or moot where they are (the vLLM correction's settings, refused when it is on;
+# router_aux_loss_coef: one warning line when the model's router loss is on).
+USED_OPTIONS = frozenset({
+    "beta", "epsilon", "epsilon_high", "reward_weights", "num_iterations", "steps_per_generation", "generation_batch_size",
+    "num_generations", "num_generations_eval", "mask_truncated_completions", "max_completion_length", "temperature",
+    "top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs", "chat_template_kwargs", "cache_implementation",
+    "max_tool_calling_iterations", "pad_to_multiple_of", "shuffle_dataset", "model_init_kwargs", "trust_remote_code",
+    "disable_dropout", "ds3_gather_for_generation", "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
+    "router_aux_loss_coef", "log_completions", "log_completions_hub_repo", "log_multimodal", "log_unique_prompts",
+    "num_completions_to_print", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+    "use_transformers_paged", "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode",
+    "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
+    "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length",
+    "vllm_tensor_parallel_size", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
+})
 
 
 def grpo_default(name: str) -> Any:
@@ -95,8 +114,6 @@ def grpo_default(name: str) -> Any:
 def unused_options(args: GRPOConfig, defaults: dict[str, Any] | None = None) -> list[str]:
     """'name=value (what SeeUPO does instead)' for every option of UNUSED_OPTIONS set away from its default."""
     defaults = {**{name: grpo_default(name) for name in UNUSED_OPTIONS}, **(defaults or {})}
-    if args.importance_sampling_level == "sequence":  # what SeeUPO does anyway: nothing to refuse
-        defaults["importance_sampling_level"] = "sequence"
     if not getattr(args, "use_vllm", False):  # TRL itself reads it only with vLLM
         defaults["vllm_importance_sampling_correction"] = args.vllm_importance_sampling_correction
     if not args.beta:  # no KL term: the correction of one changes nothing
@@ -109,7 +126,7 @@ def check_options(args: GRPOConfig, defaults: dict[str, Any] | None = None) -> N
     """Refuse, in one line each, what SeeUPOTrainer cannot honour."""
     unused = unused_options(args, defaults)
     if unused:
-        raise ValueError("SeeUPOTrainer does not use these GRPO options, unset them: " + "; ".join(unused))
+        raise ValueError("SeeUPOTrainer does not use these GRPO options, leave them at their defaults: " + "; ".join(unused))
     if args.num_iterations != 1:
         raise ValueError(f"SeeUPOTrainer: num_iterations must be 1 (SeeUPO updates each pool once), got {args.num_iterations}")
     if args.steps_per_generation != args.gradient_accumulation_steps:
@@ -128,6 +145,8 @@ class SeeUPOConfig(GRPOConfig):
     `epsilon_high` (0.2 / 0.2) and the KL coefficient its `beta` (here 0.002, the paper's; 0 = off)."""
 
     beta: float = field(default=KL_DEFAULT, metadata={"help": "SeeUPO's KL-to-reference coefficient (the paper's 0.002; 0: off)."})
+    importance_sampling_level: str = field(
+        default="sequence", metadata={"help": "SeeUPO's ratio is one per turn (GSPO's sequence ratio): 'token' is refused."})
     use_bias_correction_kl: bool = field(
         default=False, metadata={"help": "Not used by SeeUPO (its KL term has no ratio weight): True is refused."})
     vllm_importance_sampling_correction: bool = field(
@@ -155,9 +174,10 @@ SEEUPO_FIELDS = {spec.name: spec.default for spec in fields(SeeUPOConfig) if spe
 
 
 def seeupo_args(args: GRPOConfig | None, model: Any) -> GRPOConfig:
-    """The arguments SeeUPOTrainer runs with: a SeeUPOConfig as given; none: SeeUPOConfig's defaults; a
-    plain GRPOConfig: a copy with SeeUPO's fields at their defaults and, where it says beta=0 (GRPOConfig's
-    default, KL off), SeeUPO's 0.002, said in one warning line (SeeUPOConfig(beta=0.0) turns the KL off)."""
+    """The arguments SeeUPOTrainer runs with: a SeeUPOConfig as given; none: SeeUPOConfig's defaults; a plain
+    GRPOConfig: a copy with SeeUPO's fields at their defaults and, where it holds GRPOConfig's default of an
+    option SeeUPOConfig changes (SEEUPO_DEFAULTS: beta=0.0, KL off, first), SeeUPO's, said in one warning line
+    (SeeUPOConfig(beta=0.0) turns the KL off). Options SeeUPO does not use are refused (`check_options`)."""
     if args is None:
         name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "model")
         return SeeUPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-SeeUPO")
@@ -168,11 +188,18 @@ def seeupo_args(args: GRPOConfig | None, model: Any) -> GRPOConfig:
     args = copy.copy(args)  # the caller's object stays as it was
     for name, value in SEEUPO_FIELDS.items():
         setattr(args, name, copy.copy(value))
-    check_options(args)
-    if args.beta == 0.0:
-        args.beta = KL_DEFAULT
-        warnings.warn(f"SeeUPOTrainer: a plain GRPOConfig has beta=0.0 (KL off); SeeUPO's default beta={KL_DEFAULT} "
-                      "is used (pass SeeUPOConfig(beta=0.0) to train without the KL term)", UserWarning, stacklevel=3)
+    changed = []
+    for name, ours in SEEUPO_DEFAULTS.items():
+        theirs = getattr(args, name)
+        if theirs == grpo_default(name) and theirs != ours:
+            setattr(args, name, ours)
+            if name != "vllm_importance_sampling_correction" or args.use_vllm:  # TRL reads it only with vLLM
+                changed.append(f"{name} {theirs!r} -> {ours!r}")
+    check_options(args, SEEUPO_DEFAULTS)
+    if changed:
+        warnings.warn(f"SeeUPOTrainer: a plain GRPOConfig, SeeUPO's defaults applied: {', '.join(changed)} (pass a "
+                      "SeeUPOConfig to choose them, e.g. SeeUPOConfig(beta=0.0) to train without the KL term)",
+                      UserWarning, stacklevel=3)
     return args
 
 
