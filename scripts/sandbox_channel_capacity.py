@@ -1,7 +1,9 @@
 """Measure channels between two concurrent AppWorld sandboxes that the sandbox leaves open, in bits/s.
 
     .venv/bin/python scripts/sandbox_channel_capacity.py [--channel cpu|inodes] [--slots-ms 10,20,50] [--bits 64]
-        [--exclusive-steps]
+        [--exclusive-steps] [--sandbox bwrap|gvisor]
+    .venv/bin/python scripts/sandbox_channel_capacity.py --channel inode-storage [--symbol-bits 4] [--symbols 16]
+        [--unit 2048] [--sandbox bwrap|gvisor]
 
 Two real sandboxed servers run one cell each at the same time; the sender, in sandbox A, sends
 random bits, one per time slot, and the receiver, in sandbox B, decodes them. Both start at
@@ -14,6 +16,13 @@ receiver's threshold.
 - inodes: the inode numbers the kernel gives new pipes and sockets come from one machine-wide
   counter, handed to each CPU in batches of 1024 (`get_next_ino`); for a 1 the sender makes
   pipes, the receiver (pinned to one CPU) reads how many batches other CPUs took in the slot.
+
+- inode-storage: the same counter used as storage, no clock needed: one step of the sender
+  makes symbol x `--unit` pipes; a later step of the receiver reads how many batches other
+  CPUs took since its previous step (symbol = batches / (unit / 1024), rounded). Steps never
+  overlap, so `exclusive_steps` does not close it; only a kernel per sandbox does
+  (`--sandbox gvisor`: every reading is the receiver's own, the symbol error rate is chance,
+  1 - 2^-bits).
 
 With --exclusive-steps (`SandboxLimits(exclusive_steps=True)`) the two cells cannot run at the
 same time: one runs after the other, and what the receiver decodes is what a sender it never
@@ -130,6 +139,52 @@ for i in range(count):
 print(counts)
 """
 
+# The storage form: the receiver's mark is the first number of a new batch on its CPU (as
+# above); between two marks, other CPUs took (mark - previous - 1024) / 1024 batches.
+MARK_INODES = PRELUDE + """
+P.sched_setaffinity(0, {sorted(P.sched_getaffinity(0))[-1]})
+def next_batch():
+    for _ in range(1 << 16):
+        r, w = P.pipe()
+        number = P.fstat(r).st_ino
+        P.close(r); P.close(w)
+        if number % 1024 == 1:
+            return number
+    return number
+print(next_batch())
+"""
+STORE_INODES = PRELUDE + """
+for _ in range({pipes}):
+    r, w = P.pipe()
+    P.close(r); P.close(w)
+print('sent')
+"""
+
+
+def measure_storage(sender: AppWorldServer, receiver: AppWorldServer, symbols: list[int], bits: int,
+                    unit: int = 2048) -> tuple[list[int], list[int], float]:
+    """Send `symbols` (each < 2**bits) through the inode counter, one sender step each, read
+    by the receiver's next step. Returns (decoded symbols, raw batch counts, seconds taken)."""
+    def mark() -> int:
+        output = receiver.execute(MARK_INODES, timeout=60).strip()
+        if not output.isdigit():
+            raise RuntimeError(f"the receiver failed: {output[-2000:]}")
+        return int(output)
+
+    began = time.monotonic()
+    decoded, taken = [], []
+    previous = mark()
+    for symbol in symbols:
+        sent = sender.execute(STORE_INODES.format(pipes=symbol * unit), timeout=120).strip()
+        if sent != "sent":
+            raise RuntimeError(f"the sender failed: {sent[-2000:]}")
+        now = mark()
+        batches = max(0, (now - previous - 1024) // 1024)
+        previous = now
+        taken.append(batches)
+        decoded.append(min(2**bits - 1, round(batches / (unit / 1024))))
+    return decoded, taken, time.monotonic() - began
+
 
 def entropy(p: float) -> float:
     return 0.0 if p in (0.0, 1.0) else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
@@ -169,22 +224,39 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=64, help="payload bits per slot length")
     parser.add_argument("--preamble", type=int, default=16, help="alternating bits to set the threshold")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--channel", choices=("cpu", "inodes"), default="cpu",
-                        help="cpu: contention timed on CLOCK_MONOTONIC; inodes: the pipe inode counter")
+    parser.add_argument("--channel", choices=("cpu", "inodes", "inode-storage"), default="cpu",
+                        help="cpu: contention timed on CLOCK_MONOTONIC; inodes: the pipe inode counter in real "
+                             "time; inode-storage: the same counter, one step leaves, a later step reads")
     parser.add_argument("--exclusive-steps", action="store_true",
                         help="the sandboxes' steps one at a time (SandboxLimits(exclusive_steps=True))")
+    parser.add_argument("--sandbox", choices=("bwrap", "gvisor"), default="bwrap")
+    parser.add_argument("--symbol-bits", type=int, default=4, help="inode-storage: bits per symbol")
+    parser.add_argument("--symbols", type=int, default=16, help="inode-storage: symbols to send")
+    parser.add_argument("--unit", type=int, default=2048, help="inode-storage: pipes per symbol step")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     data = find_data_dir("mini")
     limits = SandboxLimits(exclusive_steps=args.exclusive_steps)
-    servers = [AppWorldServer(find_python(), data, limits=limits) for _ in range(2)]
+    servers = [AppWorldServer(find_python(), data, sandbox=args.sandbox, limits=limits) for _ in range(2)]
     try:
         for server in servers:
             server.start()
         for server in servers:
             server.wait_ready()
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs; "
-              f"exclusive_steps={args.exclusive_steps}")
+              f"exclusive_steps={args.exclusive_steps}; sandbox={args.sandbox}")
+        if args.channel == "inode-storage":
+            for server in servers:
+                server.open_episode("mininote_1", timeout_seconds=600, max_interactions=10 * args.symbols)
+            symbols = [rng.randrange(2**args.symbol_bits) for _ in range(args.symbols)]
+            decoded, taken, seconds = measure_storage(servers[0], servers[1], symbols, args.symbol_bits, args.unit)
+            errors = sum(d != s for d, s in zip(decoded, symbols))
+            print(f"sent     {symbols}\ndecoded  {decoded}\nbatches  {taken}")
+            print(f"{args.symbol_bits}-bit symbols: {errors}/{len(symbols)} symbol errors "
+                  f"(chance: {1 - 2**-args.symbol_bits:.3f}), {len(set(decoded))} distinct readings, "
+                  f"{args.symbol_bits * len(symbols) / seconds:.2f} raw bit/s over {seconds:.1f} s; "
+                  f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            return
         print("slot_ms  raw_bit/s  errors  symbol_error_rate  capacity_bit/s  load_1m")
         for slot_ms in (float(x) for x in args.slots_ms.split(",")):
             payload = [rng.randrange(2) for _ in range(args.bits)]
