@@ -7,7 +7,11 @@ Each instance starts one actor (placed by Ray: `actor_options` are Ray's, e.g.
 the real env; reset/step/close are calls to it. A step's deadline follows the env's own: an env
 that bounds its steps (`step_deadline_s`, or AppWorld's `timeout_seconds + response_grace_s`) gets
 that plus `STEP_MARGIN_S` (Ray's call and the env's bookkeeping around it), so a stopped actor
-costs a step seconds, not `timeout_s`; other envs, and resets, wait `timeout_s`. Ray is joined
+costs a step seconds, not `timeout_s`; an env that declares no bound is taken to step within
+`UNDECLARED_STEP_S` (ours without one are pure Python: TurnBandit in microseconds, BFCL's calls
+start within its `call_seconds_per_step`), the same margin added; resets wait `timeout_s`. The
+client also keeps the env's turn limit (its `max_turns`): a step that reaches it without the
+episode ending is a `RemoteEnvError`, so an episode costs at most `max_turns` step deadlines. Ray is joined
 as `ray.init()` finds it (`$RAY_ADDRESS` for a cluster); without one, a local instance is started on 127.0.0.1
 (`start_local_ray`), not on the machine's network address. Exceptions the env raises come
 back as they are; an actor that dies (its process killed, its node lost) or does not answer
@@ -29,6 +33,8 @@ from seeupo_gym.options import task_id_option
 from seeupo_gym.remote import RemoteEnvError, checked_reset, checked_step
 
 STEP_MARGIN_S = 30.0
+# The step bound assumed for an env that declares none (see the module docstring).
+UNDECLARED_STEP_S = 30.0
 
 
 def own_step_deadline_s(env: Any) -> float | None:
@@ -60,6 +66,7 @@ class EnvWorker:
             "action_space": self.env.action_space,
             "task_ids": tuple(str(t) for t in (ids() if callable(ids) else ids or ())),
             "step_deadline_s": own_step_deadline_s(self.env.unwrapped),
+            "max_turns": getattr(self.env.unwrapped, "max_turns", None),
         }
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
@@ -105,7 +112,8 @@ def start_local_ray(**init_kwargs: Any) -> None:
 
 class RayEnv(gym.Env[str, str]):
     """`env_id` (made with `env_kwargs`) in a Ray actor started with `actor_options`; `timeout_s`
-    bounds a reset, and a step unless the env bounds its own (`step_timeout_s`, see the module)."""
+    bounds a reset, and caps a step's deadline (`step_timeout_s`: the env's own step bound, or
+    `UNDECLARED_STEP_S`, plus `STEP_MARGIN_S`; see the module)."""
 
     metadata = {"render_modes": []}
 
@@ -138,7 +146,10 @@ class RayEnv(gym.Env[str, str]):
         self.action_space = described["action_space"]
         self.task_ids: tuple[str, ...] = described["task_ids"]
         own = described.get("step_deadline_s")
-        self.step_timeout_s = min(timeout_s, own + STEP_MARGIN_S) if own is not None else timeout_s
+        self.step_timeout_s = min(timeout_s, (own if own is not None else UNDECLARED_STEP_S) + STEP_MARGIN_S)
+        limit = described.get("max_turns")
+        self.max_turns: int | None = limit if type(limit) is int and limit >= 1 else None
+        self._turns = 0
 
     @property
     def actor(self) -> Any:
@@ -148,11 +159,16 @@ class RayEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         task_id_option(options)  # refused here as the env would refuse it
+        self._turns = 0
         result = self._get("reset", (seed, options), self.timeout_s)
         return checked_reset(result, self.observation_space, self._source)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return checked_step(self._get("step", (action,), self.step_timeout_s), self.observation_space, self._source)
+        result = checked_step(self._get("step", (action,), self.step_timeout_s), self.observation_space, self._source)
+        self._turns += 1
+        if self.max_turns is not None and self._turns >= self.max_turns and not (result[2] or result[3]):
+            raise RemoteEnvError(f"{self._source} did not end the episode at its turn limit (max_turns={self.max_turns})")
+        return result
 
     def close(self) -> None:
         actor, self._actor = getattr(self, "_actor", None), None
