@@ -278,12 +278,12 @@ def paper_config(order="reverse", kl_coef=0.002):
                                       seeupo_kl_estimator="low_var_kl"))
 
 
-def bfcl_like_batch(seed=0):
-    """8 trajectories (4 groups of 2) of a 40-token prompt and 4 turns of 12 tokens, 8-token tool results."""
+def bfcl_like_batch(seed=0, n=4):
+    """n trajectories (groups of 2) of a 40-token prompt and 4 turns of 12 tokens, 8-token tool results."""
     generator = torch.Generator().manual_seed(seed)
     ints = lambda n: torch.randint(3, 500, (n,), generator=generator).tolist()  # noqa: E731
     trajectories = []
-    for i in range(8):
+    for i in range(n):
         ids, turns = ints(40), []
         for _ in range(4):
             reply = ints(12)
@@ -294,30 +294,32 @@ def bfcl_like_batch(seed=0):
 
 
 def test_a_step_runs_packed_micro_batches_not_one_forward_per_turn_sample(tiny, one_torch_thread):
-    """One SeeUPO step (KL on, reverse) on 8 trajectories x 4 turns = 32 turn samples. Each trajectory packs
+    """One SeeUPO step (KL on, reverse) on 4 trajectories x 4 turns = 16 turn samples. Each trajectory packs
     into one sequence (40 + 3 x 20 + 12 = 112 tokens); on CPU sequences pack into rows of up to 256 tokens,
-    two per row. Frozen passes (step-start policy, reference): 8 x 112 tokens = 4 forwards each. Pool t's
+    two per row. Frozen passes (step-start policy, reference): 4 x 112 tokens = 2 forwards each. Pool t's
     gradient pass packs its samples with the previous pool's ratio measurement (same trajectory, longer
-    prefix): pools 4, 3 -> 112-token sequences (4 forwards each), 2 -> 92 (4), 1 -> 72 (3 per row: 3).
-    Policy 4 + 4 + 4 + 4 + 3 = 19, reference 4; the learner this replaced took 64 + 8 (one forward per
-    turn sample in every gradient pass: 32; one per trajectory in each frozen pass: 8 + 8; a ratio pass
-    of its own after pools 4, 3, 2: 24). With a 112-token budget every forward holds one sequence."""
+    prefix): pools 4, 3 -> 112-token sequences, 2 -> 92, 1 -> 72 (3 per row): 2 forwards each. Policy
+    2 + 4 x 2 = 10, reference 2; the learner this replaced took 32 + 4 (one forward per turn sample in
+    every gradient pass: 16; one per trajectory in each frozen pass: 4 + 4; a ratio pass of its own after
+    pools 4, 3, 2: 12). scripts/seeupo_in_trl.py --count-forwards prints the same for 8 trajectories."""
     import copy
 
     model, _ = tiny
-    for budget, expected in ((8192, {"policy": 19, "reference": 4}), (112, {"policy": 40, "reference": 8})):
-        ours = copy.deepcopy(model)
-        ours.train()
-        widths = []
-        ours.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
-        trainer = stand_in_trainer(ours)
-        learner = TRLLearner(trainer, ours, pad_token_id=0, max_tokens_per_microbatch=budget)
-        SeeUPO(paper_config()).update(bfcl_like_batch(), learner, torch.Generator().manual_seed(0))
-        print(f"\nbudget {budget}: forwards {dict(learner.forwards)}, tokens {dict(learner.tokens_fed)}")
-        assert dict(learner.forwards) == expected
-        assert len(widths) == expected["policy"] + expected["reference"]  # the reference is a copy: hooked too
-        assert max(widths) <= min(budget, 256)
-        assert learner.tokens_fed["policy"] == 8 * (112 + 112 + 112 + 92 + 72)  # each token once per pass
+    ours = copy.deepcopy(model)
+    ours.train()
+    widths = []
+    ours.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    learner = TRLLearner(stand_in_trainer(ours), ours, pad_token_id=0)
+    SeeUPO(paper_config()).update(bfcl_like_batch(), learner, torch.Generator().manual_seed(0))
+    print(f"\nforwards {dict(learner.forwards)} (the learner before: policy 32, reference 4), tokens {dict(learner.tokens_fed)}")
+    assert dict(learner.forwards) == {"policy": 10, "reference": 2}
+    assert len(widths) == 12 and max(widths) <= 256  # the reference is a copy: hooked too
+    assert learner.tokens_fed["policy"] == 4 * (112 + 112 + 112 + 92 + 72)  # each token once per pass
+    # Under a 112-token budget a frozen pass runs one 112-token sequence per forward.
+    widths.clear()
+    small = TRLLearner(stand_in_trainer(ours), ours, pad_token_id=0, max_tokens_per_microbatch=112)
+    small.logprobs(bfcl_like_batch().samples(), grad=False)
+    assert small.forwards["policy"] == 4 and widths == [112] * 4
 
 
 def trl_learner_update_with_a_stand_in_trainer(model, order, kl_coef, lr):
