@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, check_actor_options
+from seeupo_gym.integrations.verl.launch_check import resolve_for_workers
 
 HOOK = "seeupo_gym.integrations.verl.trainer.register"
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = compose(overrides)
-        options = check(config)
+        options = check(resolve_for_workers(config))  # the values the workers get, not re-read in their environment
     except Exception as error:  # Hydra's and ours: one line, no traceback
         print(f"seeupo verl: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 2
