@@ -11,15 +11,29 @@ env (reward 0), never something this server runs.
 Rows carry the env's system prompt as `responses_create_params.input` (written by
 `prepare_data.py` from the served env) and its sha256 as `prompt_sha256`; a row made for another
 env or other env kwargs is refused at reset.
+
+Each NeMo Gym session holds one seeupo-serve session, and a reset without a session cookie makes a
+new NeMo Gym session: so sessions are reaped here, not left to seeupo-serve's idle timeout. At each
+reset, sessions unused for `session_idle_s` are closed, then, at `max_sessions`, the least recently
+used one without a request in flight; with every session busy the reset is refused.
+
+When seeupo-serve has a token (`$SEEUPO_SERVE_TOKEN`), so does this front: a request from off
+loopback must carry it (`Authorization: Bearer <token>`), as seeupo-serve itself asks; NeMo Gym's
+servers on this machine reach it as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import ipaddress
 import json
+import os
+import time
 from typing import Any, Dict, Optional
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from nemo_gym.base_resources_server import BaseResourcesServerConfig
@@ -30,6 +44,7 @@ from seeupo_serve_client import ServeError, ServeSession, Step, system_messages,
 
 # Info keys passed back per step: small and JSON-safe (the chat itself is in the rollout).
 INFO_KEYS = ("turn", "task_id", "user_turn", "action_error", "end", "success", "category", "num_user_turns")
+TOKEN_ENV = "SEEUPO_SERVE_TOKEN"
 
 
 def prompt_sha256(system: list[dict[str, str]]) -> str:
@@ -40,27 +55,77 @@ def small_info(step: Step) -> dict[str, Any]:
     return {key: step.info[key] for key in INFO_KEYS if key in step.info}
 
 
+def is_loopback(host: Optional[str]) -> bool:
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def credential_refusal(token: Optional[str], peer: Optional[str], authorization: Optional[str]) -> Optional[str]:
+    """Why a request is refused (None: let it in): with a token set, a peer off loopback must send it."""
+    if not token or is_loopback(peer):
+        return None
+    if hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
+        return None
+    return "this resource server fronts a seeupo-serve that has a token: send it as Authorization: Bearer"
+
+
+class Session:
+    """One NeMo Gym session's seeupo-serve session, the count of messages seen, its last use and
+    whether a request is in flight (a busy session is never reaped)."""
+
+    def __init__(self, serve: ServeSession) -> None:
+        self.serve, self.seen, self.last_used, self.busy = serve, 0, time.monotonic(), 0
+
+
 class SeeupoResourcesServerConfig(BaseResourcesServerConfig):
     serve_url: str = Field(description="the seeupo-serve URL, e.g. http://127.0.0.1:8000 (token: $SEEUPO_SERVE_TOKEN)")
     timeout_s: float = Field(600.0, gt=0, description="one env reset or step")
+    max_sessions: int = Field(64, gt=0, description="open sessions at most; the least recently used idle one is closed")
+    session_idle_s: float = Field(300.0, gt=0, description="a session unused this long is closed at the next reset")
 
 
 class SeeupoServer(GymnasiumServer):
     ray_enabled = False
     config: SeeupoResourcesServerConfig
-    sessions: Dict[str, Any] = Field(default_factory=dict)  # NeMo Gym session id -> [ServeSession, messages seen]
+    sessions: Dict[str, Any] = Field(default_factory=dict)  # NeMo Gym session id -> Session
 
     def setup_webserver(self):
         app = super().setup_webserver()
         app.post("/close")(self._close_endpoint)
+        token = os.environ.get(TOKEN_ENV) or None
+
+        @app.middleware("http")
+        async def require_credential(request: Request, call_next):
+            refusal = credential_refusal(token, request.client.host if request.client else None,
+                                         request.headers.get("authorization"))
+            if refusal:
+                return JSONResponse({"detail": refusal}, status_code=401)
+            return await call_next(request)
+
         return app
 
     async def _close_endpoint(self, request: Request) -> dict:
         await self.close_session(request.session.get(SESSION_ID_KEY))
         return {}
 
+    async def reap(self) -> None:
+        """Close sessions idle past `session_idle_s`, then the least recently used idle ones until
+        one more fits under `max_sessions`; refuse the reset when every session is busy."""
+        now = time.monotonic()
+        for session_id, entry in list(self.sessions.items()):
+            if not entry.busy and now - entry.last_used > self.config.session_idle_s:
+                await self.close_session(session_id)
+        while len(self.sessions) >= self.config.max_sessions:
+            idle = [(entry.last_used, session_id) for session_id, entry in self.sessions.items() if not entry.busy]
+            if not idle:
+                raise ServeError(f"all {self.config.max_sessions} sessions have a request in flight; retry later")
+            await self.close_session(min(idle)[1])
+
     async def reset(self, metadata: dict, session_id: Optional[str] = None) -> tuple[Optional[str], dict]:
         await self.close_session(session_id)
+        await self.reap()
         options = {key: metadata[key] for key in ("task_id", "seed") if metadata.get(key) is not None}
         session = ServeSession(self.config.serve_url, timeout_s=self.config.timeout_s)
         try:
@@ -73,7 +138,8 @@ class SeeupoServer(GymnasiumServer):
             await session.close()
             raise
         messages = first.messages
-        self.sessions[session_id] = [session, len(messages)]
+        entry = self.sessions[session_id] = Session(session)
+        entry.seen = len(messages)
         return user_turn(messages), {**small_info(first), "supports_explicit_close": True}
 
     async def step(self, action: NeMoGymResponse, metadata: dict, session_id: Optional[str] = None
@@ -81,18 +147,22 @@ class SeeupoServer(GymnasiumServer):
         if session_id not in self.sessions:
             raise ServeError("no episode in this session: /reset first")
         entry = self.sessions[session_id]
-        session, seen = entry
-        result = await session.step(extract_text(action))
+        entry.busy += 1
+        try:
+            result = await entry.serve.step(extract_text(action))
+        finally:
+            entry.busy -= 1
+            entry.last_used = time.monotonic()
         messages = result.messages
         # The new messages after the response the env recorded: the next user turn or tool results.
-        observation = None if result.done else user_turn(messages[seen + 1:]) or result.text
-        entry[1] = len(messages)
+        observation = None if result.done else user_turn(messages[entry.seen + 1:]) or result.text
+        entry.seen = len(messages)
         return observation, result.reward, result.done and not result.truncated, result.truncated, small_info(result)
 
     async def close_session(self, session_id: Optional[str]) -> None:
         entry = self.sessions.pop(session_id, None)
         if entry is not None:
-            await entry[0].close()
+            await entry.serve.close()
         self._cleanup_session(session_id)
 
 
