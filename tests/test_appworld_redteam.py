@@ -303,8 +303,14 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         process.kill()
 
 
+# The sandbox backend the suite attacks: bwrap by default; SEEUPO_TEST_APPWORLD_SANDBOX=gvisor runs it
+# against gVisor (tests/test_appworld_gvisor.py says how).
+SANDBOX = os.environ.get("SEEUPO_TEST_APPWORLD_SANDBOX", "bwrap")
+
+
 def make_env(**kwargs: object) -> gym.Env:
-    options = {"split": "mini", "max_turns": 200, "timeout_seconds": TIMEOUT_S, "response_grace_s": GRACE_S}
+    options = {"split": "mini", "max_turns": 200, "timeout_seconds": TIMEOUT_S, "response_grace_s": GRACE_S,
+               "sandbox": SANDBOX}
     return gym.make("seeupo/AppWorld-v0", **{**options, **kwargs})
 
 
