@@ -172,11 +172,13 @@ class HFBackend(Backend):
         active = list(range(n))  # batch row -> prompt index
         for _ in range(sampling.max_new_tokens):
             token, token_logprob = sample_next(last_logits, sampling, generator)
+            # One host transfer per step, not one per row (each is a device sync on a GPU).
+            token_ids, token_logprobs = token.tolist(), token_logprob.tolist()
             keep = []
             for row, index in enumerate(active):
-                token_id = int(token[row])
+                token_id = token_ids[row]
                 tokens[index].append(token_id)
-                logprobs[index].append(float(token_logprob[row]))
+                logprobs[index].append(token_logprobs[row])
                 if token_id in stop_ids or self._hit_stop_string(tokens[index], sampling.stop_strings, stop_window):
                     finish[index] = FINISH_STOP
                 elif len(tokens[index]) >= sampling.max_new_tokens:
@@ -357,16 +359,21 @@ def sample_with_uniform(
         token = logits.argmax(dim=-1)
         return token, logits.log_softmax(-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
     scaled = logits / sampling.temperature if sampling.temperature != 1.0 else logits
-    log_normalizer = scaled.logsumexp(-1, keepdim=True)
-    probs = (scaled - log_normalizer).exp()
+    # exp(scaled - max) is the distribution up to its normalizer, which the inverse CDF does not
+    # need; one pass over the vocabulary fewer than logsumexp + exp (the sampling cost as much as
+    # the tiny model's forward, scripts/bench_generate.py).
+    peak = scaled.amax(-1, keepdim=True)
+    weights = (scaled - peak).exp_()
+    mass = weights.sum(-1, keepdim=True)
+    log_normalizer = peak + mass.log()
     if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        sorted_probs, order = (weights / mass).sort(dim=-1, descending=True)
         # Drop a token when the mass before it already reaches top_p (the top token always stays).
         drop = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        weights = torch.zeros_like(weights).scatter(-1, order, sorted_probs)
     assert uniform is not None
-    token = inverse_cdf(probs, uniform)
+    token = inverse_cdf(weights, uniform)
     token_logprob = (scaled.gather(-1, token.unsqueeze(-1)) - log_normalizer).squeeze(-1)
     return token, token_logprob
 
@@ -376,21 +383,26 @@ _CDF_BLOCK = 1024
 
 
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Per row, the first index whose cumulative mass exceeds uniform x total mass.
+    """Per row, the first index whose cumulative mass exceeds uniform x total mass (probs need
+    not be normalized).
 
     In float64 and in two levels (a block of the vocabulary, then a token inside it): a float32
     running sum over a 150k vocabulary carries rounding errors wider than one token's share of
     the mass, so logits that differ in their last bits (a prefix computed in another chunking)
-    would often pick a neighbouring token. Entries without mass are never picked.
+    would often pick a neighbouring token. Entries without mass are never picked. Only block
+    sums and the one chosen block are held in float64, never a float64 copy of the vocabulary.
     """
     n, vocab = probs.shape
-    blocks = torch.nn.functional.pad(probs.double(), (0, -vocab % _CDF_BLOCK)).view(n, -1, _CDF_BLOCK)
-    block_mass = blocks.sum(-1)
+    full = vocab - vocab % _CDF_BLOCK
+    block_mass = probs[:, :full].reshape(n, -1, _CDF_BLOCK).sum(-1, dtype=torch.float64)
+    if full < vocab:
+        block_mass = torch.cat([block_mass, probs[:, full:].sum(-1, keepdim=True, dtype=torch.float64)], dim=1)
     block_cdf = block_mass.cumsum(-1)
     target = uniform.double() * block_cdf[:, -1:]
     block = _first_above(block_mass, block_cdf, target)
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
-    inside = blocks[torch.arange(n, device=probs.device), block]
+    columns = block.unsqueeze(-1) * _CDF_BLOCK + torch.arange(_CDF_BLOCK, device=probs.device)
+    inside = probs.gather(1, columns.clamp(max=vocab - 1)).double().masked_fill(columns >= vocab, 0.0)
     token = _first_above(inside, inside.cumsum(-1), target - before.unsqueeze(-1))
     return block * _CDF_BLOCK + token
 

@@ -31,6 +31,7 @@ import torch
 from seeupo_gym.agents.backends.base import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, check_prompts
 from seeupo_gym.agents.backends.engine import EngineThread
 from seeupo_gym.agents.backends.kv_rows import (
+    KV_COPIES,
     cache_from_layers,
     forward,
     join_rows,
@@ -154,11 +155,13 @@ class HFEngine(EngineThread):
             return None
         self.peak_rows = max(self.peak_rows, len(batch.rows))
         token, token_logprob = self._sample(batch)
+        # One host transfer per step, not one per row (each is a device sync on a GPU).
+        token_ids, token_logprobs = token.tolist(), token_logprob.tolist()
         keep, done = [], []
         for row, request in enumerate(batch.rows):
-            token_id = int(token[row])
+            token_id = token_ids[row]
             request.tokens.append(token_id)
-            request.logprobs.append(float(token_logprob[row]))
+            request.logprobs.append(token_logprobs[row])
             sampling = request.sampling
             if token_id in request.stop_ids or self.backend._hit_stop_string(
                 request.tokens, sampling.stop_strings, max((len(s) for s in sampling.stop_strings), default=0) + 4
@@ -255,19 +258,26 @@ class HFEngine(EngineThread):
         groups: dict[tuple[float, float], list[int]] = {}
         for row, request in enumerate(batch.rows):
             groups.setdefault((request.sampling.temperature, request.sampling.top_p), []).append(row)
+        if len(groups) == 1:  # the usual case: no gather and scatter of the logits
+            sampling = batch.rows[0].sampling
+            return sample_with_uniform(batch.logits, sampling, _uniforms(batch.rows, sampling, device))
         for rows in groups.values():
             sampling = batch.rows[rows[0]].sampling
-            uniform = None
-            if sampling.temperature != 0:
-                uniform = torch.cat([
-                    torch.rand((1, 1), generator=batch.rows[row].generator, device=device, dtype=torch.float64)
-                    for row in rows
-                ])
             index = torch.tensor(rows, device=device)
+            uniform = _uniforms([batch.rows[row] for row in rows], sampling, device)
             picked, picked_logprob = sample_with_uniform(batch.logits[index], sampling, uniform)
             token[index] = picked
             token_logprob[index] = picked_logprob.float()
         return token, token_logprob
+
+
+def _uniforms(rows: list[_Request], sampling: SamplingParams, device: torch.device) -> torch.Tensor | None:
+    """One uniform per row, each from its request's own generator ([n, 1] float64; None when greedy)."""
+    if sampling.temperature == 0:
+        return None
+    return torch.cat([
+        torch.rand((1, 1), generator=request.generator, device=device, dtype=torch.float64) for request in rows
+    ])
 
 
 def _stack(cache: Any, mask: torch.Tensor, new_cache: Any, new_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
@@ -285,5 +295,6 @@ def _stack(cache: Any, mask: torch.Tensor, new_cache: Any, new_mask: torch.Tenso
         keys = [pad(old_layer.keys[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.keys, (0, 0, width - new_mask.shape[1], 0))]
         values = [pad(old_layer.values[:, :, first:], (0, 0, width - mask.shape[1], 0)), pad(new_layer.values, (0, 0, width - new_mask.shape[1], 0))]
         layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+    KV_COPIES.add(layers)
     joined_mask = torch.cat([pad(mask, (width - mask.shape[1], 0)), pad(new_mask, (width - new_mask.shape[1], 0))], dim=0)
     return cache_from_layers(layers), joined_mask

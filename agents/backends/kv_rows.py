@@ -7,6 +7,7 @@ padded positions are masked out, so their contents never matter.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,20 @@ from seeupo_gym.agents.backends.prefix_cache import LayerKV
 # transformers 5.17 at least, `cache` in later 5.x (where `past_key_values` is deprecated, to be
 # removed in 5.40). Read from what the installed release's outputs declare, not from its version.
 CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@dataclass
+class KVCopies:
+    """Bytes of KV the backend itself copied (cutting, joining, stacking rows): a benchmark figure
+    (`scripts/bench_generate.py`); the cache's own growth inside the forward is not counted here."""
+
+    bytes: int = 0
+
+    def add(self, layers: list[LayerKV]) -> None:
+        self.bytes += sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+
+
+KV_COPIES = KVCopies()
 
 
 def forward(model: Any, cache: Any, **inputs: Any) -> tuple[torch.Tensor, Any]:
@@ -50,10 +65,12 @@ def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:
 def row_layers(cache: Any, row: int, attention_mask: torch.Tensor) -> list[LayerKV]:
     """The KV of batch row `row` at its real positions (mask 1), as [1, kv_heads, n, head_dim] copies."""
     columns = attention_mask[row].nonzero().squeeze(-1)
-    return [
+    layers = [
         (layer.keys[row : row + 1].index_select(2, columns), layer.values[row : row + 1].index_select(2, columns))
         for layer in cache.layers
     ]
+    KV_COPIES.add(layers)
+    return layers
 
 
 def join_rows(rows: list[list[LayerKV]]) -> tuple[DynamicCache, torch.Tensor]:
@@ -65,6 +82,7 @@ def join_rows(rows: list[list[LayerKV]]) -> tuple[DynamicCache, torch.Tensor]:
         keys = [torch.nn.functional.pad(row[index][0], (0, 0, width - n, 0)) for row, n in zip(rows, lengths)]
         values = [torch.nn.functional.pad(row[index][1], (0, 0, width - n, 0)) for row, n in zip(rows, lengths)]
         layers.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+    KV_COPIES.add(layers)
     device = rows[0][0][0].device
     mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
     for i, n in enumerate(lengths):
@@ -78,6 +96,7 @@ def select_rows(cache: Any, index: torch.Tensor) -> None:
     if layers is not None:
         for layer in layers:
             layer.batch_select_indices(index)
+        KV_COPIES.add([(layer.keys, layer.values) for layer in layers])
         return
     if hasattr(cache, "batch_select_indices"):
         cache.batch_select_indices(index)
