@@ -137,3 +137,23 @@ def test_the_vector_agent_ends_each_hostile_episode_as_an_env_error(hostile, tin
     assert [t.info["end"] for t in batch] == [END_ENV_ERROR] * 2
     assert all("RemoteEnvError" in t.info["error"] and t.reward == 0.0 for t in batch)
     assert all(len(t.turns) <= 10 for t in batch) and time.monotonic() - start < 120
+
+
+# ------------------------------------------------------------------------------ seeupo-eval
+
+
+@pytest.mark.slow  # a CLI process per mode (torch and the tiny model load each time): ~30-50 s each
+@pytest.mark.parametrize("mode", ["refuse_reset", "never_done", "huge_reward"])
+def test_seeupo_eval_ends_each_hostile_episode_as_an_env_error_and_reports(hostile, tmp_path, mode):
+    import json
+
+    start = time.monotonic()
+    command = [str(Path(sys.executable).with_name("seeupo-eval")), "--model", "tiny", "--env", "seeupo/TurnBandit-v0",
+               "--tasks", ",".join(TASKS), "-k", "1", "--json", "--no-progress", "--rollouts", str(tmp_path / "r.jsonl"),
+               f"env.url={hostile(mode)}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - start < 240
+    rollouts = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["end"] for r in rollouts] == ["env_error"] * 2 and all(r["reward"] == 0.0 for r in rollouts)
+    assert all(r["turns"] <= 10 for r in rollouts)
