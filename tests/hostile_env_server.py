@@ -18,6 +18,9 @@ describes itself as a default TurnBandit server and answers resets with a real T
   (its turn limit, the last decision) each step answers done=false with one more user message;
 - huge_reward: every step's reward is 1e300 (finite, but inf once it is a float32).
 
+Sessions may set `action_format` at reset (as `seeupo-serve --session-kwargs action_format`), so
+TRL's adapter, which plays the tools format, can play it too.
+
 Written on raw sockets so that it can send what no well-behaved library would.
 """
 
@@ -38,6 +41,7 @@ import gymnasium as gym
 import seeupo_gym  # noqa: F401
 
 ENV_ID = "seeupo/TurnBandit-v0"
+SESSION_KWARGS = ("action_format",)  # what a session may set at reset, as `seeupo-serve --session-kwargs` allows
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -47,7 +51,8 @@ def description() -> dict:
     defaults = {name: p.default for name, p in inspect.signature(creator).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     space = {"type": "UnicodeText", "min_length": 0, "max_length": env.observation_space.max_length}
-    return {"env_id": ENV_ID, "env_kwargs": {}, "default_kwargs": json.loads(json.dumps(defaults)), "session_kwargs": [],
+    return {"env_id": ENV_ID, "env_kwargs": {}, "default_kwargs": json.loads(json.dumps(defaults)),
+            "session_kwargs": list(SESSION_KWARGS),
             "observation_space": space, "action_space": {"type": "UnicodeText", "min_length": 0, "max_length": 32768},
             "task_ids": list(env.unwrapped.task_ids), "max_sessions": 8}
 
@@ -182,6 +187,9 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
             over = None
             data = dict(message.get("data") or {})
             seed = data.pop("seed", None)
+            kwargs = {k: v for k, v in (data.pop("env_kwargs", None) or {}).items() if k in SESSION_KWARGS}
+            if kwargs:
+                env = gym.make(ENV_ID, disable_env_checker=True, **kwargs)
             text, info = env.reset(seed=seed, options=data or None)
             if mode == "reset_str_messages":
                 info = {**info, "messages": ["hello"]}

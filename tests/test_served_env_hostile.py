@@ -157,3 +157,42 @@ def test_seeupo_eval_ends_each_hostile_episode_as_an_env_error_and_reports(hosti
     rollouts = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["end"] for r in rollouts] == ["env_error"] * 2 and all(r["reward"] == 0.0 for r in rollouts)
     assert all(r["turns"] <= 10 for r in rollouts)
+
+
+# ------------------------------------------------------------------------------ SeeUPOTrainer
+
+
+def done_generate(tokenizer):
+    """INJECTED generation, a stand-in for `model.generate`: every completion is "Done." (no tool
+    call), so each rollout's reward comes from `_final_reward`'s closing steps."""
+    import torch
+
+    reply = tokenizer("Done.", add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    def generate(input_ids, attention_mask=None, **kwargs):
+        return torch.cat([input_ids, torch.tensor([reply] * len(input_ids), dtype=input_ids.dtype)], dim=1)
+
+    return generate
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["refuse_reset",  # one real SeeUPOTrainer step with the tiny model: ~15 s each
+                                  pytest.param("never_done", marks=pytest.mark.slow),
+                                  pytest.param("huge_reward", marks=pytest.mark.slow)])
+def test_seeupo_trainer_trains_its_step_through_a_hostile_served_env(hostile, tmp_path, one_torch_thread, mode):
+    """Before: a refused reset raised out of `trainer.train()` (TRL resets outside any try), and a
+    never-ending episode looped TRL's reward function forever."""
+    pytest.importorskip("trl")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seeupo_in_trl", Path(__file__).resolve().parents[1] / "scripts" /
+                                                  "seeupo_in_trl.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model_dir = script.save_tiny(tmp_path / "tiny")
+    start = time.monotonic()
+    trainer = script.train_in_trl(model_dir, tmp_path / "out", "reverse", 0.002, generate=done_generate,
+                                  env={"url": hostile(mode)})
+    assert trainer.state.global_step == 1 and time.monotonic() - start < 600
+    assert all(environment._done and environment._reward == 0.0 for environment in trainer.environments)
+    assert all(len(environment.steps) <= 10 for environment in trainer.environments)
