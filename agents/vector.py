@@ -73,6 +73,23 @@ class EnvAnswerError(ValueError):
     """An env's reset or step answered with an info the agent cannot read (the message says what)."""
 
 
+class _UnmadeEnv:
+    """Holds a slot whose failed env could not be made again (its server gone, or stalling past its
+    deadline): the slot's episodes end as env errors, and each one tries to make the env again."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = f"the env could not be made again after a failure: {type(error).__name__}: {error}"
+
+    def reset(self, **kwargs: Any) -> Any:
+        raise RuntimeError(self.error)
+
+    def step(self, action: Any) -> Any:
+        raise RuntimeError(self.error)
+
+    def close(self) -> None:
+        pass
+
+
 def env_info_error(info: Any, *, at_reset: bool = True) -> str | None:
     """What is wrong with an env's `info` for the agent, or None: a dict whose `messages` is a list
     of messages (dicts with a string role, string or null content, a list of dict tool calls), whose
@@ -578,7 +595,11 @@ class VectorAgent:
             self.envs[slot].close()
         except Exception:
             logger.exception("closing a failed env raised")
-        self.envs[slot] = self._env_factory()
+        try:
+            self.envs[slot] = self._env_factory()
+        except Exception as error:  # noqa: BLE001  a server that failed once may stall or refuse the next env too
+            logger.warning("making a new env for slot %d failed: %s: %s", slot, type(error).__name__, error)
+            self.envs[slot] = _UnmadeEnv(error)  # type: ignore[assignment]
 
     def _advance(self, slot: int, episode: _Episode, completion: Completion, action: str, outcome: Any) -> bool:
         """Record the env's answer; return True when the episode is over."""

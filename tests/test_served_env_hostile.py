@@ -196,3 +196,32 @@ def test_seeupo_trainer_trains_its_step_through_a_hostile_served_env(hostile, tm
     assert trainer.state.global_step == 1 and time.monotonic() - start < 600
     assert all(environment._done and environment._reward == 0.0 for environment in trainer.environments)
     assert all(len(environment.steps) <= 10 for environment in trainer.environments)
+
+
+def test_the_vector_agent_goes_on_when_a_failed_env_cannot_be_made_again_with_a_stand_in_factory(tiny, one_torch_thread):
+    """STAND-IN env factory: its first envs refuse every reset, and every later env fails to be made
+    (as a server that refuses a reset and then drips its description until connect_timeout_s).
+    Before: the factory's error left `collect` and ended the collection."""
+    import gymnasium as gym
+
+    from seeupo_gym.agents.backends import HFBackend, SamplingParams
+    from seeupo_gym.agents.vector import END_ENV_ERROR, VectorAgent
+
+    made = []
+
+    class RefusesResets(gym.Wrapper):
+        def reset(self, **kwargs):
+            raise RemoteEnvError("refused reset")
+
+    def factory():
+        made.append(1)
+        if len(made) > 2:
+            raise RemoteEnvError("did not describe its env within connect_timeout_s=30 s")
+        return RefusesResets(gym.make("seeupo/TurnBandit-v0"))
+
+    model, tokenizer = tiny
+    with VectorAgent("seeupo/TurnBandit-v0", HFBackend(model, tokenizer), tokenizer, num_envs=2,
+                     sampling=SamplingParams(max_new_tokens=2), env_factory=factory) as agent:
+        batch = agent.collect(TASKS * 2, group_size=1, seed=0).trajectories
+    assert [t.info["end"] for t in batch] == [END_ENV_ERROR] * 4 and len(made) > 2
+    assert any("could not be made again" in t.info["error"] for t in batch)
