@@ -228,3 +228,14 @@ def test_a_hostile_served_env_ends_its_own_sample_within_the_loops_deadline(work
     assert ends[0] == "env_error" and message in output.non_tensor_batch["env_error"][0]
     assert ends[1] in ("terminated", "truncated")  # the honest control in the same batch plays on
     assert output.batch["rm_scores"][0].sum().item() == 0.0
+
+
+def test_a_row_asking_for_a_billion_tasks_is_refused_before_any_env_is_made():
+    with pytest.raises(RowError, match="may not set 'num_tasks'"):
+        row_env_kwargs(BANDIT, '{"num_tasks": 1000000000}')
+
+
+def test_build_dataset_writes_only_row_settable_kwargs_into_rows(caplog):
+    rows = build_dataset(BFCL, TASKS[:1], **TOOLS, max_observation_chars=5000)
+    assert json.loads(rows[0]["extra_info"]["env_kwargs"]) == TOOLS  # the bound stays in the loop's config
+    assert "['max_observation_chars'] not written into the rows" in caplog.text

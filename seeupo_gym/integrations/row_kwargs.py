@@ -3,7 +3,8 @@
 A trainer's dataset (verl's parquet rows, say) is data anyone may have written; the trainer's own
 config is not. A row may pick its task and the env's episode options, listed per env id below; everything
 that decides isolation, executables, paths, addresses, credentials or resource bounds (AppWorld's
-`sandbox`, `python`, `data_dir`, `limits`; a served env's `url` and `token`; BFCL's call time) comes
+`sandbox`, `python`, `data_dir`, `limits`; a served env's `url` and `token`; BFCL's call time;
+TurnBandit's task count and sizes) comes
 from the trainer's config only. A row that names anything else, or an env id outside this table
 (`seeupo/Remote-v0` and `seeupo/Ray-v0` choose where code runs and whom the token goes to), is
 refused with one line naming the key.
@@ -19,8 +20,9 @@ _BFCL = frozenset({"categories", "split", "max_turns", "keep_think", "action_for
 
 # env id -> the gym.make kwargs a row may set.
 ROW_KWARGS: dict[str, frozenset[str]] = {
-    "seeupo/TurnBandit-v0": frozenset({"variant", "num_tasks", "seed", "turns", "options", "hint", "optimum",
-                                       "invalid_penalty", "max_turns", "brief", "action_format"}),
+    # Sizes (num_tasks, turns, options) are resource bounds: a row asking for 10**9 tasks would take the worker's memory.
+    "seeupo/TurnBandit-v0": frozenset({"variant", "seed", "hint", "optimum", "invalid_penalty", "max_turns", "brief",
+                                       "action_format"}),
     "seeupo/BFCL-v4-v0": _BFCL,
     "seeupo/BFCL-v4-base-v0": _BFCL - {"categories"},
     "seeupo/BFCL-v4-miss-func-v0": _BFCL - {"categories"},
