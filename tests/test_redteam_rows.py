@@ -212,10 +212,11 @@ class AnswerA(DishonestServer):
 
 
 @pytest.mark.parametrize("mode, message", [
-    ("refuse_reset", "refused reset: reset failed"),
-    ("never_done", "did not end the episode at its turn limit (max_turns=10)"),
-    ("huge_reward", "sent reward 1e+300"),
-    ("drip_description", "took longer than 5.0 s"),
+    ("refuse_reset", r"refused reset: reset failed"),
+    ("never_done", r"did not end the episode at its turn limit \(max_turns=10\)"),
+    ("huge_reward", r"sent reward 1e\+300"),
+    # the client's connect_timeout_s is the loop's env_timeout_s: whichever clock says it first
+    ("drip_description", r"did not describe its env within connect_timeout_s=5 s|took longer than 5.0 s"),
 ])
 def test_a_hostile_served_env_ends_its_own_sample_within_the_loops_deadline(worker, tiny, hostile, mode, message):
     _, tokenizer = tiny
@@ -225,7 +226,7 @@ def test_a_hostile_served_env_ends_its_own_sample_within_the_loops_deadline(work
         output = run_rows(worker, AnswerA(tokenizer), [{**rows[0], "agent_name": served}, {**rows[1], "agent_name": honest}])
     assert time.monotonic() - start < 60
     ends = list(output.non_tensor_batch["env_end"])
-    assert ends[0] == "env_error" and message in output.non_tensor_batch["env_error"][0]
+    assert ends[0] == "env_error" and re.search(message, output.non_tensor_batch["env_error"][0])
     assert ends[1] in ("terminated", "truncated")  # the honest control in the same batch plays on
     assert output.batch["rm_scores"][0].sum().item() == 0.0
 

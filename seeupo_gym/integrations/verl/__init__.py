@@ -120,6 +120,8 @@ class SeeupoAgentLoop(AgentLoopBase):
             env_id, env_kwargs, task_id = self._episode_of(kwargs.get("extra_info"))
             target_id, target_kwargs = env_target(env_id, env_kwargs, workers=self.workers, url=self.url,
                                                   worker_options=self.worker_options)
+            if target_id == "seeupo/Remote-v0":  # the client's own waits end with the loop's, leaving no thread behind
+                target_kwargs.update(timeout_s=self.env_timeout_s, connect_timeout_s=min(self.env_timeout_s, 30.0))
             env = await self._env_call(gym.make, target_id, **target_kwargs)
             _, info = await self._env_call(env.reset, options={"task_id": task_id})
             messages = [dict(m) for m in info["messages"]]
