@@ -58,7 +58,7 @@ import json, os
 from unittest.mock import MagicMock
 from fastapi.testclient import TestClient
 from nemo_gym.server_utils import ServerClient
-from app import SeeupoResourcesServerConfig, SeeupoServer, credential_refusal
+from app import SeeupoResourcesServerConfig, SeeupoServer, checked_reward, credential_refusal
 server = SeeupoServer(config=SeeupoResourcesServerConfig(host="", port=0, entrypoint="", name="", serve_url="http://127.0.0.1:1"),
                       server_client=MagicMock(spec=ServerClient))
 app = server.setup_webserver()
@@ -70,6 +70,12 @@ for peer in ("10.1.2.3", "127.0.0.1"):
                  client.post("/close", headers={"Authorization": f"Bearer {token}"}).status_code,
                  client.post("/close", headers={"Authorization": "Bearer wrong"}).status_code]
 out["no token"] = credential_refusal(None, "10.1.2.3", None)
+out["rewards"] = []
+for reward in (1e300, -2e6, float("nan"), 1.0, -1e6):
+    try:
+        out["rewards"].append(checked_reward(reward))
+    except Exception as error:
+        out["rewards"].append(type(error).__name__)
 print(json.dumps(out))
 """
 
@@ -91,8 +97,10 @@ def test_sessions_are_reaped_so_cookie_less_resets_cannot_hold_the_served_env():
     assert out["after idle"] == ["e"]  # b and c, idle past session_idle_s, were closed at e's reset
 
 
-def test_the_front_asks_off_loopback_for_the_token_seeupo_serve_asks_for():
+def test_the_front_asks_off_loopback_for_the_token_seeupo_serve_asks_for_and_refuses_huge_rewards():
     out = run_in_nemo_gym(FRONT, env=TOKEN)
     assert out["10.1.2.3"] == [401, 200, 401]  # off loopback: only with the token
     assert out["127.0.0.1"] == [200, 200, 200]  # NeMo Gym's own servers on this machine, as before
     assert out["no token"] is None  # a seeupo-serve without a token: nothing to ask for
+    # a served 1e300 is refused before NeMo Gym's tables (seeupo_serve_client refuses NaN and inf itself)
+    assert out["rewards"] == ["ServeError", "ServeError", "ServeError", 1.0, -1e6]

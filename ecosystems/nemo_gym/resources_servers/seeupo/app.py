@@ -45,6 +45,9 @@ from seeupo_serve_client import ServeError, ServeSession, Step, system_messages,
 # Info keys passed back per step: small and JSON-safe (the chat itself is in the rollout).
 INFO_KEYS = ("turn", "task_id", "user_turn", "action_error", "end", "success", "category", "num_user_turns")
 TOKEN_ENV = "SEEUPO_SERVE_TOKEN"
+# The largest reward passed on (as seeupo_gym.remote.MAX_ABS_REWARD): ours score in [-1, 1]; a served
+# 1e300 is finite but inf in any float32 table downstream.
+MAX_ABS_REWARD = 1e6
 
 
 def prompt_sha256(system: list[dict[str, str]]) -> str:
@@ -53,6 +56,14 @@ def prompt_sha256(system: list[dict[str, str]]) -> str:
 
 def small_info(step: Step) -> dict[str, Any]:
     return {key: step.info[key] for key in INFO_KEYS if key in step.info}
+
+
+def checked_reward(reward: float) -> float:
+    """The served step's reward (seeupo_serve_client has checked it is a finite number), refused
+    when it is over `MAX_ABS_REWARD` in size."""
+    if not abs(reward) <= MAX_ABS_REWARD:
+        raise ServeError(f"the served env sent reward {reward:.3g}; a reward is at most {MAX_ABS_REWARD:g} in size")
+    return reward
 
 
 def is_loopback(host: Optional[str]) -> bool:
@@ -153,6 +164,11 @@ class SeeupoServer(GymnasiumServer):
         finally:
             entry.busy -= 1
             entry.last_used = time.monotonic()
+        try:
+            checked_reward(result.reward)
+        except ServeError:
+            await self.close_session(session_id)  # that episode ends here; the others go on
+            raise
         messages = result.messages
         # The new messages after the response the env recorded: the next user turn or tool results.
         observation = None if result.done else user_turn(messages[entry.seen + 1:]) or result.text
