@@ -19,7 +19,8 @@ used one without a request in flight; with every session busy the reset is refus
 
 When seeupo-serve has a token (`$SEEUPO_SERVE_TOKEN`), so does this front: a request from off
 loopback must carry it (`Authorization: Bearer <token>`), as seeupo-serve itself asks; NeMo Gym's
-servers on this machine reach it as before.
+servers on this machine (its default `127.0.0.1`) reach it as before. NeMo Gym sends no such header,
+so a run across machines (`use_absolute_ip`) must say so: `front_token_off_loopback: false`.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class SeeupoResourcesServerConfig(BaseResourcesServerConfig):
     timeout_s: float = Field(600.0, gt=0, description="one env reset or step")
     max_sessions: int = Field(64, gt=0, description="open sessions at most; the least recently used idle one is closed")
     session_idle_s: float = Field(300.0, gt=0, description="a session unused this long is closed at the next reset")
+    front_token_off_loopback: bool = Field(True, description="with $SEEUPO_SERVE_TOKEN set, ask peers off loopback for it")
 
 
 class SeeupoServer(GymnasiumServer):
@@ -105,7 +107,7 @@ class SeeupoServer(GymnasiumServer):
     def setup_webserver(self):
         app = super().setup_webserver()
         app.post("/close")(self._close_endpoint)
-        token = os.environ.get(TOKEN_ENV) or None
+        token = (os.environ.get(TOKEN_ENV) or None) if self.config.front_token_off_loopback else None
 
         @app.middleware("http")
         async def require_credential(request: Request, call_next):
