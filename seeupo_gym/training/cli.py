@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from seeupo_gym.training.config import Config, ConfigError, config_from_dict, load_config
 from seeupo_gym.training.interrupts import EXIT_INTERRUPTED, Interrupts
+from seeupo_gym.training.memory_plan import DeviceError
 from seeupo_gym.agents.backends.vllm_server import ServeError
 
 # check_model_source and EVAL_MAX_NEW_TOKENS live with the model sources; seeupo-train uses the check too.
@@ -85,10 +86,18 @@ def train_main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
+        from seeupo_gym.training.memory_plan import check_device_request, check_memory_early
         from seeupo_gym.training.trainer import Trainer
 
+        # A GPU or engine this machine lacks, or a run its memory cannot hold: said before anything
+        # loads or is fetched (the trainer plans again on the device accelerate gives it).
+        check_device_request(config)
+        check_memory_early(config)
         check_model_source(config.model.name_or_path)
         trainer = Trainer(config)
+    except DeviceError as error:  # no such device here, or a run that cannot fit it (the memory plan)
+        print(f"seeupo-train: {error}", file=sys.stderr)
+        return 2
     except ConfigError as error:
         print(f"seeupo-train: bad config: {error}", file=sys.stderr)
         return 2

@@ -64,6 +64,12 @@ class ModelConfig:
     max_tokens_per_microbatch: int = 8192
     # Deprecated and ignored (superseded by max_tokens_per_microbatch); kept so old configs load.
     forward_batch_size: int = 8
+    # The memory plan at start (training/memory_plan.py): a run whose estimate exceeds the device's
+    # memory is refused in one line before the weights load ("refuse"), logged ("warn"), or not planned ("off").
+    memory_check: Literal["refuse", "warn", "off"] = "refuse"
+    # GiB the plan may count on per device; null: $SEEUPO_MEMORY_BUDGET_GIB, else what the device
+    # reports (CUDA: free memory less 5%; CPU: the machine's total).
+    memory_budget_gib: float | None = None
     # When the leading layers are frozen (lora.last_layers), their states are computed once per
     # trajectory and reused by every pass of a step, held up to this many MiB per process (a trajectory
     # costs tokens x hidden x bytes per element; what does not fit is recomputed); 0: off.
@@ -193,6 +199,9 @@ class TrainConfig:
     # G: rollouts per task.
     group_size: int = 8
     seed: int = 0
+    # "auto": accelerate's choice (CUDA when visible); "cuda": refuse to start without a CUDA GPU;
+    # "cpu": train on the CPU even where a GPU is visible.
+    device: Literal["auto", "cuda", "cpu"] = "auto"
     # Evaluate every this many steps (0: never); eval_tasks_per_eval tasks, one greedy rollout each.
     eval_every: int = 0
     eval_tasks_per_eval: int = 32
@@ -583,6 +592,8 @@ def _check_values(config: Config) -> None:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {config.sampling.top_p}")
     _check_logprob_temperature(config)
     non_negative("model.trunk_cache_mib", config.model.trunk_cache_mib)
+    if config.model.memory_budget_gib is not None:
+        positive("model.memory_budget_gib", config.model.memory_budget_gib)
     if config.model.lora is not None:
         positive("model.lora.r", config.model.lora.r)
         if config.model.lora.last_layers is not None:

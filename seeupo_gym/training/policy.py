@@ -32,8 +32,8 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
     )
     disable_dropout(model)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if lora is not None:
+        enable_checkpointing(model)
+        if lora is not None:  # the frozen embeddings' output must carry grad into the checkpointed layers
             model.enable_input_require_grads()
     # transformers checkpoints activations only in train mode; with dropout disabled above,
     # train mode changes nothing else, so every pass stays deterministic either way.
@@ -69,6 +69,16 @@ def build_policy(config: Config, accelerator: Any, *, needs_value_model: bool) -
         trunk_cache_mib=cfg.model.trunk_cache_mib,
     )
     return Policy(model, tokenizer, optimizer, value_model, value_optimizer, learner)
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in its backward (non-reentrant: works with frozen
+    inputs and keyword arguments); transformers >= 5.2x calls it activation checkpointing."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

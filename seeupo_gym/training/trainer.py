@@ -41,6 +41,7 @@ from seeupo_gym.training.config import (
     save_config,
 )
 from seeupo_gym.training.interrupts import Interrupts
+from seeupo_gym.training.memory_plan import check_device_request, device_check
 from seeupo_gym.training.overlap import OverlappedCollection, drop_stale, staleness_metrics
 from seeupo_gym.training.rollouts import RolloutLog
 from seeupo_gym.training.run_files import open_run_file, write_run_text
@@ -70,6 +71,13 @@ class TrainerState:
         self.step = int(state["step"])
         self.config = dict(state.get("config", {}))
         self.run_id = state.get("run_id")
+
+
+def _sharded(accelerator: Any) -> bool:
+    """Whether the policy's weights are split over the processes (FSDP, DeepSpeed)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
 def _as_config(config: Config | dict[str, Any] | str | Path) -> Config:
@@ -138,12 +146,14 @@ class Trainer:
         self.algorithm = build_algorithm(config)
         check_trackers(config.log.trackers)
         self.output_dir = Path(config.log.output_dir)
+        # The device and engine the config needs, before anything is built (one line if missing).
+        check_device_request(config)
 
         if accelerator is None:
             accelerator = Accelerator(
                 # Launched as several processes (`accelerate launch --multi_gpu`, torchrun) on a
                 # machine without GPUs: accelerate runs them as MULTI_CPU (gloo) only when told cpu.
-                cpu=bool(os.environ.get("LOCAL_RANK")) and not torch.cuda.is_available(),
+                cpu=config.train.device == "cpu" or (bool(os.environ.get("LOCAL_RANK")) and not torch.cuda.is_available()),
                 log_with=list(config.log.trackers) or None,
                 project_config=ProjectConfiguration(project_dir=str(self.output_dir), logging_dir=str(self.output_dir / "logs")),
                 # The models have no trained buffers: broadcasting them would add a collective
@@ -155,6 +165,10 @@ class Trainer:
         if self.is_main:
             logger.info("accelerate: %s, %d process(es), device %s", accelerator.distributed_type,
                         accelerator.num_processes, accelerator.device)
+        # Does the learner fit this device? Refused in one line before any weight loads, and before
+        # a run folder is made (memory_plan.py).
+        device_check(config, device=accelerator.device.type, processes=accelerator.num_processes,
+                     sharded=_sharded(accelerator), needs_value_model=self.algorithm.needs_value_model)
         set_seed(config.train.seed)
         run_id, self._resume_path = self._open_run_folder()
         if self.is_main:
@@ -219,8 +233,6 @@ class Trainer:
     def _make_backend(self) -> Any:
         """The generation engine of `generation.backend`, built by its class from the run's
         settings and holding the learner's current weights."""
-        from accelerate.utils import DistributedType
-
         from seeupo_gym.agents.backends import TrainingSetup, backend_class
 
         config, acc = self.config, self.accelerator
@@ -231,7 +243,7 @@ class Trainer:
             lora_rank=config.model.lora.r if config.model.lora is not None else None,
             max_context_tokens=config.env.max_context_tokens,
             processes=acc.num_processes,
-            sharded=acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED),
+            sharded=_sharded(acc),
             # output_dir: the run folder, for the backend's own files (e.g. the log of a server it starts).
             options={**dataclasses.asdict(config.generation), "output_dir": str(self.output_dir)},
         )
