@@ -82,3 +82,38 @@ def test_curves_tell_labels_apart_on_integer_steps_and_name_the_eval_tasks(tmp_p
 def test_the_eval_tasks_are_named_relative_to_training(env, eval_kwargs, expected):
     info = {"config": {"env": env}, "eval": {"env_kwargs": eval_kwargs}, "eval_tasks": ["a", "b"]}
     assert eval_tasks_text(info) == expected
+
+
+def test_every_compare_report_ends_with_a_winner_line_naming_the_margin(tmp_path):
+    report = write_report(synthetic_folder(tmp_path)).read_text()
+    last = report.strip().splitlines()[-1]
+    summary = json.loads((tmp_path / "synthetic" / "summary.json").read_text())["algorithms"]
+    best = max(summary, key=lambda label: summary[label]["eval_last"])
+    assert last.startswith(f"**Winner**: {best}, final eval avg@2 "), last
+    assert "margin +" in last
+
+
+def test_a_flat_comparison_names_no_winner(tmp_path):
+    folder = synthetic_folder(tmp_path)
+    _flatten(folder, 0.5)
+    assert write_report(folder).read_text().strip().splitlines()[-1].startswith("**Winner**: none")
+
+
+@pytest.mark.parametrize(
+    "scores, expected",
+    [
+        # (label, mean, sd, seeds): a margin of 0.2 against sds of 0.05 and 0.1 is a win
+        ([("grpo", 0.5, 0.1, 3), ("seeupo", 0.7, 0.05, 3)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
+         "(margin +0.200, larger than the spread over seeds (sd up to 0.100))."),
+        # the same margin inside an sd of 0.25 is a tie
+        ([("grpo", 0.5, 0.25, 3), ("seeupo", 0.7, 0.05, 3)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
+         "(margin +0.200, inside the spread over seeds (sd up to 0.250): a tie)."),
+        ([("grpo", 0.5, 0.0, 1), ("seeupo", 0.7, 0.0, 1)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
+         "(margin +0.200, one seed, so no spread to weigh the margin against)."),
+        ([("grpo", 0.5, 0.0, 2), ("seeupo", float("nan"), 0.0, 2)], "**Winner**: none (fewer than two runs have a final m)."),
+    ],
+)
+def test_the_winner_line_weighs_the_margin_against_the_spread_over_seeds(scores, expected):
+    from seeupo_gym.training.compare.report import winner_line
+
+    assert winner_line(scores, "m") == expected

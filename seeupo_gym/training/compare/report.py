@@ -241,6 +241,9 @@ def write_report(folder: str | Path) -> Path:
         "",
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
         "",
+        winner_line([(r.label, r.eval_last, r.eval_last_sd, r.seeds) for r in rows], f"final eval avg@{k}")
+        if flat is None else "**Winner**: none (every reward was equal: nothing to tell the algorithms apart).",
+        "",
     ]
     write_run_text(folder / "report.md", "\n".join(lines))
     summary = {"k": k, "wall_seconds": wall, "failures": failures, "every_reward_equal": flat,
@@ -296,6 +299,28 @@ def _window_text(steps: int) -> str:
 
 def _signed(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:+.3f}"
+
+
+def winner_line(scores: Sequence[tuple[str, float, float, int]], metric: str) -> str:
+    """The report's last line: the best of (label, mean over seeds, sd over seeds, seeds) by `metric`,
+    its margin over the runner-up, and whether that margin is larger than the spread over seeds (the
+    larger of the two sds). A margin inside the spread is called a tie: seeds alone could reorder them."""
+    ranked = sorted(((value, label, sd, seeds) for label, value, sd, seeds in scores
+                     if value is not None and math.isfinite(value)), reverse=True)
+    if len(ranked) < 2:
+        return f"**Winner**: none (fewer than two runs have a final {metric})."
+    (best, label, best_sd, seeds), (second, runner_up, second_sd, _) = ranked[0], ranked[1]
+    margin = best - second
+    if seeds < 2:
+        verdict = "one seed, so no spread to weigh the margin against"
+    else:
+        spread = max(best_sd, second_sd)
+        verdict = (f"larger than the spread over seeds (sd up to {spread:.3f})" if margin > spread
+                   else f"inside the spread over seeds (sd up to {spread:.3f}): a tie")
+    if margin == 0:
+        return f"**Winner**: none: {label} and {runner_up} tie at {metric} {best:.3f}."
+    return (f"**Winner**: {label}, {metric} {best:.3f} vs {second:.3f} for {runner_up} "
+            f"(margin {_signed(margin)}, {verdict}).")
 
 
 def model_table(rows: Sequence[ModelRow], k: int) -> str:
@@ -380,6 +405,8 @@ def write_models_report(folder: Path, info: dict[str, Any], records: list[dict[s
         f"- `{RUN_INFO}`: the command, the settings, the models and the eval task ids (API keys are never written).",
         "",
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
+        "",
+        winner_line([(r.label, r.avg, r.avg_sd, r.seeds) for r in rows], f"avg@{k}"),
         "",
     ]
     write_run_text(folder / "report.md", "\n".join(lines))
