@@ -177,7 +177,7 @@ def _qwen3(h: int, i: int, layers: int, heads: int, kv: int, tied: bool) -> Mode
 # (the paper presets' Qwen3-14B on a machine without network). Checked against the real "tiny" and
 # against transformers' own parameter counts in tests/test_memory_plan.py.
 KNOWN_SHAPES: dict[str, ModelShape] = {
-    "tiny": ModelShape(64, 128, 2, 2, 1, 32, 151665, True, attention_bias=True),  # agents/models.py tiny_config
+    "tiny": ModelShape(64, 128, 2, 2, 1, 32, 151936, True, attention_bias=True),  # agents/models.py tiny_config
     "embedded": _qwen2(896, 4864, 24, 14, 2, True),  # Qwen2.5-Coder-0.5B-Instruct
     "Qwen/Qwen2.5-0.5B": _qwen2(896, 4864, 24, 14, 2, True),
     "Qwen/Qwen2.5-1.5B": _qwen2(1536, 8960, 28, 12, 2, True),
@@ -271,6 +271,10 @@ def activation_bytes(
     return int(held + backward + head)
 
 
+def _gib(value: int) -> str:
+    return f"{value / GIB:.1f}" if value >= GIB else f"{value / GIB:.2f}"
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     """The estimate of one device's memory for a run's learner, by part (bytes)."""
@@ -291,9 +295,9 @@ class MemoryPlan:
         return self.budget is None or self.total <= self.budget
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in self.parts.items() if value)
-        budget = f" of {self.budget / GIB:.1f} GiB ({self.budget_source})" if self.budget is not None else ""
-        return f"~{self.total / GIB:.1f} GiB{budget} on {self.device} ({parts} GiB; micro-batches of {self.tokens} tokens)"
+        parts = ", ".join(f"{name} {_gib(value)}" for name, value in self.parts.items() if value)
+        budget = f" of {_gib(self.budget)} GiB ({self.budget_source})" if self.budget is not None else ""
+        return f"~{_gib(self.total)} GiB{budget} on {self.device} ({parts} GiB; micro-batches of {self.tokens} tokens)"
 
 
 def plan_memory(
@@ -422,12 +426,16 @@ def check_device_request(config: Config) -> None:
         raise DeviceError("train.device is cuda but this machine has no CUDA GPU visible (torch "
                           f"{torch.__version__}); run it on a GPU machine, or set train.device=cpu with a model that fits")
     if config.generation.backend == "vllm":
-        if importlib.util.find_spec("vllm") is None:
+        if not vllm_installed():
             raise DeviceError("generation.backend is vllm but vLLM is not installed here; install it (pip install "
                               "'seeupo-gym[vllm]', GPU machines) or use generation.backend=hf")
         if not torch.cuda.is_available() and not _vllm_is_cpu_build():
             raise DeviceError("generation.backend is vllm but this machine has no CUDA GPU and the installed vLLM is "
                               "a CUDA build; run it on a GPU machine or use generation.backend=hf")
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _vllm_is_cpu_build() -> bool:
