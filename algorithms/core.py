@@ -190,7 +190,7 @@ class Totals:
     in different parts, so a part's rows must be told their trajectory: pass `totals.part(part)`.
     """
 
-    # Sequences with any response token before rejection: turns, or trajectories (the minibatch's
+    # Sequences of the minibatch: turns, or trajectories, zero-length ones included (the minibatch's
     # row count, verl v1's `global_batch_size`; `options.totals` keeps rows that rejection emptied).
     samples: int
     tokens: int
@@ -204,14 +204,14 @@ class Totals:
     def of(cls, samples: Sequence[TurnSample], sequence: str = "turn") -> "Totals":
         tokens = sum(s.turn.num_response_tokens for s in samples)
         if sequence == "turn":
-            return cls(sum(1 for s in samples if s.turn.num_response_tokens), tokens)
+            return cls(len(samples), tokens)
         if sequence != "trajectory":
             raise ValueError(f"unknown sequence {sequence!r}; choose one of {SEQUENCES}")
         per_trajectory: dict[str, int] = defaultdict(int)
         for s in samples:
             per_trajectory[s.rollout_id] += s.turn.num_response_tokens
-        # verl leaves fully masked sequences out of the sequence count.
-        return cls(sum(1 for n in per_trajectory.values() if n), tokens, dict(per_trajectory))
+        # verl v1 counts every row of a mini-batch, a zero-length one too (`ppo_mini_batch_size * n`).
+        return cls(len(per_trajectory), tokens, dict(per_trajectory))
 
     @classmethod
     def of_mask(cls, mask: torch.Tensor) -> "Totals":

@@ -5,12 +5,26 @@ sampled tokens and 0 on tool / user tokens. `seeupo_step` turns it into the pape
 without touching verl's internals; the math is the kit's (`seeupo_gym.algorithms.seeupo`, `core`):
 
 1. turn t of row i = its t-th span of sampled tokens: `turn_spans` recorded by our `seeupo_env`
-   agent loop, or else the runs of 1s of `response_mask` (verl's own tool agent loop);
+   agent loop (an empty turn is a zero-token span, so later turns keep their index), or else the
+   runs of 1s of `response_mask` (verl's own tool agent loop);
 2. `M_i <- normalize(A_i)`: GRAE over the rows (`uid` groups, reward = sum of `token_level_scores`);
 3. for t in the order (reverse by default): `actor.update_actor` on the rows that have a turn t, with
    `response_mask` = turn t's tokens and `advantages` = M_i on them; verl's own `gspo` loss with
    `seq-mean-token-mean` then is `-mean_i clip_obj(s(y_{i,t}), M_i)` (+ its KL loss on those tokens);
+   a row whose turn t is empty counts in the mean and adds nothing else (its s is 1);
 4. `actor.compute_log_prob` on those rows at the new parameters: `M_i <- M_i * s(y_{i,t})`.
+
+Cost: each pool's rows are cut at the end of turn t (`trimmed`: responses, masks, log-probs, and the
+attention mask per row), so verl's worker, and its dynamic batch sizing, sees prefix-length rows:
+causal attention makes the tokens after turn t irrelevant to turn t. The ratio pass after pool t
+runs on the same cut rows. The kit shares that pass with the next pool's gradient pass; verl's
+calls cannot: `update_actor` returns aggregated metrics only (no per-row log-probs) and its loss
+reads only `response_mask` tokens, so the ratios are a `compute_log_prob` call of their own.
+
+Learning rate: verl's worker advances its LR schedule once per `update_actor` call, so one step of T
+pools would move it T steps. An actor with `save_lr_schedule` / `restore_lr_schedule`
+(`WorkerGroupActor`) has the schedule put back before every pool but the first: every pool runs at
+the step's rate and the step advances the schedule by one, as one verl PPO step does.
 
 `actor` is verl's actor worker group through `WorkerGroupActor`, or anything with
 `compute_log_prob(DataProto) -> Tensor` and `update_actor(DataProto) -> metrics`.
@@ -18,6 +32,7 @@ without touching verl's internals; the math is the kit's (`seeupo_gym.algorithms
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Protocol
@@ -33,6 +48,8 @@ from seeupo_gym.algorithms.seeupo import OLD_POLICIES, ORDERS, m_weight, update_
 MAX_TURNS = 4096
 # verl's actor options SeeUPO needs as they are: anything else changes the loss it computes.
 REQUIRED_ACTOR = {"policy_loss.loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean"}
+# meta_info key: the pool's row count, rows left out of the call (empty turns) included.
+POOL_ROWS = "seeupo_pool_rows"
 
 
 @dataclass
@@ -104,7 +121,8 @@ def mask_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
 
 def checked_spans(raw: Any, mask_row: torch.Tensor, row: int) -> list[tuple[int, int]]:
     """Recorded turn spans of one row, refused in one line unless they are in-range, ordered,
-    disjoint [start, end) pairs of ints over sampled tokens (mask 1)."""
+    disjoint [start, end) pairs of ints over sampled tokens (mask 1). `start == end` is an empty
+    turn (the server sampled nothing): it keeps its index and has no tokens."""
     if isinstance(raw, np.ndarray):
         raw = raw.tolist()
     if not isinstance(raw, (list, tuple)):
@@ -119,8 +137,8 @@ def checked_spans(raw: Any, mask_row: torch.Tensor, row: int) -> list[tuple[int,
                 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in span)):
             raise ValueError(f"row {row}: a turn span must be [start, end] ints, got {span!r:.80}")
         start, end = int(span[0]), int(span[1])
-        if not previous_end <= start < end <= length:
-            raise ValueError(f"row {row}: turn span [{start}, {end}) is empty, out of [0, {length}) or overlaps the one before")
+        if not previous_end <= start <= end <= length:
+            raise ValueError(f"row {row}: turn span [{start}, {end}) is reversed, out of [0, {length}] or overlaps the one before")
         if not bool(mask_row[start:end].all()):
             raise ValueError(f"row {row}: turn span [{start}, {end}) covers tokens with response_mask 0")
         spans.append((start, end))
@@ -140,13 +158,42 @@ def turn_spans(batch: DataProto) -> list[list[tuple[int, int]]]:
 
 
 def turn_mask(spans: list[list[tuple[int, int]]], t: int, shape: torch.Size) -> torch.Tensor:
-    """[rows, R] mask of turn t's tokens (0 on rows without a turn t)."""
+    """[rows, R] mask of turn t's tokens (0 on rows without a turn t, or whose turn t is empty)."""
     mask = torch.zeros(shape, dtype=torch.long)
     for i, row in enumerate(spans):
         if len(row) >= t:
             start, end = row[t - 1]
             mask[i, start:end] = 1
     return mask
+
+
+def trimmed(data: DataProto, ends: list[int]) -> DataProto:
+    """`data`'s rows cut after response position `ends[i]`: the response-wide tensors (responses, masks,
+    log-probs, advantages) to the longest end, and each row's attention mask to its own end, so
+    verl's worker (`left_right_2_no_padding`, its dynamic batch sizing) sees prefix-length rows."""
+    if len(ends) != len(data):
+        raise ValueError(f"{len(ends)} row ends for {len(data)} rows")
+    prompt_width, response_width = data.batch["prompts"].shape[1], data.batch["responses"].shape[1]
+    width = max(max(ends, default=0), 1)  # verl's padded layout wants a response column
+    tensors = {}
+    for key, value in data.batch.items():
+        if key == "prompts" or value.dim() < 2:
+            tensors[key] = value
+        elif value.shape[-1] == prompt_width + response_width:  # input_ids, attention_mask, position_ids
+            tensors[key] = value[..., : prompt_width + width].clone()
+        elif value.shape[1] == response_width:
+            tensors[key] = value[:, :width].clone()
+        else:
+            raise ValueError(f"cannot cut batch field {key!r} of shape {tuple(value.shape)} to the turn's end")
+    cut = torch.arange(width)[None, :] >= torch.tensor(ends)[:, None]
+    tensors["attention_mask"][:, prompt_width:][cut] = 0
+    tensors["response_mask"][cut] = 0
+    return DataProto.from_dict(tensors=tensors, non_tensors=dict(data.non_tensor_batch), meta_info=dict(data.meta_info))
+
+
+def fed_tokens(data: DataProto) -> int:
+    """Tokens a verl call on `data` feeds the model: its attention mask summed."""
+    return int(data.batch["attention_mask"].sum())
 
 
 def trajectory_rewards(batch: DataProto) -> torch.Tensor:
@@ -183,34 +230,62 @@ def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, 
     mask = batch.batch["response_mask"]
     old = None
     if config.old_policy == "step_start":
-        old = batch.batch["old_log_probs"].float() if "old_log_probs" in batch.batch.keys() else actor.compute_log_prob(batch)
+        if "old_log_probs" in batch.batch.keys():
+            old = batch.batch["old_log_probs"].float()
+        else:  # one frozen pass, each row cut after its last turn
+            last = [row[-1][1] if row else 0 for row in spans]
+            scored = actor.compute_log_prob(trimmed(batch, last))
+            old = torch.zeros(mask.shape, dtype=torch.float32)
+            old[:, : scored.shape[1]] = scored[:, : mask.shape[1]]
     factor = [1.0] * len(batch)  # prod of s(y_{i,t'}) over the turns already updated
     pools = [(t, [i for i, row in enumerate(spans) if len(row) >= t])
              for t in update_order(max((len(row) for row in spans), default=0), config.order, generator)]
     pools = [(t, rows) for t, rows in pools if rows]
     metrics: dict[str, float] = {"seeupo/turn_pools": float(len(pools))}
+    updates = 0
     for position, (t, rows) in enumerate(pools):
-        pool = batch.select_idxs(rows)
-        pool_mask = turn_mask([spans[i] for i in rows], t, mask[rows].shape).to(mask.dtype)
+        ends = [spans[i][t - 1][1] for i in rows]
+        # A row whose turn t is empty counts in the pool's mean (verl v1 counts every row of a
+        # mini-batch) and feeds nothing: it is left out of the call, its s(y) is 1.
+        fed = [k for k, i in enumerate(rows) if spans[i][t - 1][0] < spans[i][t - 1][1]]
+        if not fed:
+            continue
+        pool = trimmed(batch.select_idxs([rows[k] for k in fed]), [ends[k] for k in fed])
+        width = pool.batch["responses"].shape[1]
+        pool_mask = turn_mask([spans[rows[k]] for k in fed], t, pool.batch["response_mask"].shape).to(mask.dtype)
         pool.batch["response_mask"] = pool_mask
-        pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[rows]
-        weights = torch.tensor([m_weight(advantages[i], factor[i], config.m_clip) for i in rows], dtype=torch.float32)
+        pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[[rows[k] for k in fed], :width]
+        weights = torch.tensor([m_weight(advantages[rows[k]], factor[rows[k]], config.m_clip) for k in fed], dtype=torch.float32)
         pool.batch["old_log_probs"] = pool_old
         pool.batch["advantages"] = weights[:, None] * pool_mask
+        pool.meta_info[POOL_ROWS] = len(rows)
+        _hold_learning_rate(actor, updates)
         for key, value in (actor.update_actor(pool) or {}).items():
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics[f"seeupo/turn{t}/{key}"] = float(value)
+        updates += 1
         later = {i for _, rows_after in pools[position + 1 :] for i in rows_after}
-        measured = [k for k, i in enumerate(rows) if i in later]
-        if measured:  # M_i <- M_i * s(y_{i,t}) at the updated parameters
-            new = actor.compute_log_prob(pool.select_idxs(measured))
-            ratios = core.sequence_ratio(new.double(), pool_old[measured].double(), pool_mask[measured].bool()).tolist()
+        measured = [k for k, i in enumerate(rows[j] for j in fed) if i in later]
+        if measured:  # M_i <- M_i * s(y_{i,t}) at the updated parameters, on the same cut rows
+            scored = trimmed(pool.select_idxs(measured), [ends[fed[k]] for k in measured])
+            new = actor.compute_log_prob(scored)
+            cols = new.shape[1]
+            ratios = core.sequence_ratio(new.double(), pool_old[measured, :cols].double(), pool_mask[measured, :cols].bool()).tolist()
             for k, ratio in zip(measured, ratios):
-                factor[rows[k]] *= ratio
+                factor[rows[fed[k]]] *= ratio
     final_m = torch.tensor([m_weight(a, f, config.m_clip) for a, f in zip(advantages, factor)])
     metrics.update({"seeupo/m_mean": float(final_m.mean()), "seeupo/m_abs_max": float(final_m.abs().max()),
                     "seeupo/ratio_product_min": min(factor), "seeupo/ratio_product_max": max(factor)})
     return metrics
+
+
+def _hold_learning_rate(actor: SeeUPOActor, updates_so_far: int) -> None:
+    """Every pool of a step at the step's rate: the schedule as it was before the first pool's update
+    (which verl's worker advances at its end) is put back before each later pool's."""
+    if updates_so_far == 0:
+        getattr(actor, "save_lr_schedule", lambda: None)()
+    else:
+        getattr(actor, "restore_lr_schedule", lambda: None)()
 
 
 class WorkerGroupActor:
@@ -218,10 +293,11 @@ class WorkerGroupActor:
     `ActorRolloutRefWorker`) as a `SeeUPOActor`, with the conversions verl's own trainer makes
     (`left_right_2_no_padding`, `no_padding_2_padding`).
 
-    A pool is one mini-batch, `global_batch_size` its own row count: verl's trainer would divide a
-    pool's seq-mean by `ppo_mini_batch_size * n`, a full batch's rows. A pool that does not split
-    over the `dp_size` data-parallel workers is padded with copies of its first row whose
-    response_mask is all 0: verl's `seq-mean-*` skips fully masked rows, so they add nothing.
+    A pool is one mini-batch, `global_batch_size` its own row count (`POOL_ROWS`: with its empty
+    turns): verl's trainer would divide a pool's seq-mean by `ppo_mini_batch_size * n`, a full
+    batch's rows. A pool that does not split over the `dp_size` data-parallel workers is padded
+    with copies of its first row whose response_mask is all 0: verl's `seq-mean-*` leaves fully
+    masked rows out of its numerator, and `global_batch_size` does not count them.
     """
 
     def __init__(self, worker_group: Any, *, dp_size: int = 1, temperature: float = 1.0, calculate_entropy: bool = False,
@@ -232,6 +308,7 @@ class WorkerGroupActor:
         self.calculate_entropy, self.seed = calculate_entropy, seed
 
     def _padded(self, data: DataProto) -> tuple[DataProto, int]:
+        data.meta_info.pop(POOL_ROWS, None)
         rows = len(data)
         extra = -rows % self.dp_size
         if not extra:
@@ -256,14 +333,58 @@ class WorkerGroupActor:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
-        padded, rows = self._padded(data)
+        pool_rows = int(data.meta_info.get(POOL_ROWS, len(data)))
+        padded, _ = self._padded(data)
         td = left_right_2_no_padding(padded.to_tensordict())
         tu.assign_non_tensor(td, calculate_entropy=self.calculate_entropy, distillation_use_topk=False,
-                             distillation_only=False, global_batch_size=rows, mini_batch_size=len(padded), epochs=1,
+                             distillation_only=False, global_batch_size=pool_rows, mini_batch_size=len(padded), epochs=1,
                              seed=self.seed, dataloader_kwargs={"shuffle": False}, compute_loss=True,
                              temperature=self.temperature)
         metrics = tu.get(self.worker_group.update_actor(td), "metrics") or {}
         return {f"actor/{k}": _mean(v) for k, v in metrics.items() if _mean(v) is not None}
+
+    def save_lr_schedule(self) -> None:
+        """Keep, on every rank, the LR schedule's state and the optimizer's rates as they are now."""
+        self._on_every_rank(save_lr_schedule)
+
+    def restore_lr_schedule(self) -> None:
+        """Put back what `save_lr_schedule` kept (undoing the schedule steps of the updates since)."""
+        self._on_every_rank(restore_lr_schedule)
+
+    def _on_every_rank(self, fn: Any) -> None:
+        """`fn(worker)` on each worker process: verl's `execute_with_func_generator`, on every rank of a
+        Ray worker group (`execute_all_sync`), or directly on one in-process worker."""
+        if hasattr(self.worker_group, "execute_all_sync"):
+            self.worker_group.execute_all_sync("execute_with_func_generator", fn)
+        else:
+            self.worker_group.execute_with_func_generator(fn)
+
+
+def _schedule_of(worker: Any) -> tuple[Any, Any]:
+    engine = getattr(getattr(worker, "actor", None), "engine", None)
+    scheduler, optimizer = getattr(engine, "lr_scheduler", None), getattr(engine, "optimizer", None)
+    if scheduler is None or optimizer is None or not hasattr(scheduler, "state_dict"):
+        raise RuntimeError(f"SeeUPO holds the LR schedule through actor.engine.lr_scheduler / .optimizer, which "
+                           f"{type(engine).__name__} does not have: use an engine that does (FSDP) or a constant schedule")
+    return scheduler, optimizer
+
+
+def save_lr_schedule(worker: Any) -> None:
+    """Runs in a verl worker process: keep its LR schedule's state and its optimizer's current rates."""
+    scheduler, optimizer = _schedule_of(worker)
+    worker._seeupo_lr_schedule = (copy.deepcopy(scheduler.state_dict()), [group["lr"] for group in optimizer.param_groups])
+
+
+def restore_lr_schedule(worker: Any) -> None:
+    """Runs in a verl worker process: put back the state `save_lr_schedule` kept."""
+    scheduler, optimizer = _schedule_of(worker)
+    saved = getattr(worker, "_seeupo_lr_schedule", None)
+    if saved is None:
+        raise RuntimeError("restore_lr_schedule before save_lr_schedule on this worker")
+    state, rates = saved
+    scheduler.load_state_dict(copy.deepcopy(state))
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
 
 
 def _mean(value: Any) -> float | None:
