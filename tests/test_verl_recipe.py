@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import socket
 import tomllib
@@ -129,3 +130,36 @@ def test_the_verl_recipe_resolves_against_pypi_with_every_pin_kept(tmp_path):
     assert {name: versions.get(name) for name in pins} == pins
     assert "seeupo-gym" not in versions and "flash-attn" not in versions  # the package's deps, not itself
     assert Requirement("transformers>=5,<6").specifier.contains(versions["transformers"])
+
+
+# What the resolver picks beside the recipe's transformers pin (scripts/check_verl_recipe.py's report).
+RESOLVED_BESIDE_TRANSFORMERS = ("tokenizers==0.22.2", "huggingface-hub==1.33.0")
+
+
+@pytest.mark.slow
+def test_the_verl_side_runs_under_the_recipes_transformers(tmp_path):
+    """The agent loop and the launcher's configs under the recipe's transformers (5.9.0, not this venv's),
+    installed with `pip install --target` beside the venv's other packages."""
+    if not online():
+        pytest.skip("no network: installs the recipe's transformers")
+    import subprocess
+    import sys
+
+    target = tmp_path / "site"
+    pins = recipe.read_recipe()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--index-url", "https://pypi.org/simple",
+                    "--quiet", "--no-deps", "--target", str(target), f"transformers=={pins['transformers']}",
+                    *RESOLVED_BESIDE_TRANSFORMERS], check=True, timeout=600)
+    # `kernels` is not in the recipe; a newer one in this venv breaks transformers 5.9's hub-kernels import.
+    (target / "kernels").mkdir()
+    (target / "kernels" / "__init__.py").write_text("raise ImportError('kernels is not in the verl recipe')\n")
+    (target / "kernels-0.0.0.dist-info").mkdir()
+    (target / "kernels-0.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.0.0\n")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    version = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
+                             capture_output=True, text=True, env=env, check=True).stdout.strip()
+    assert version == pins["transformers"]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                             "tests/test_verl_agent_loop.py", "tests/test_verl_configs.py"], capture_output=True,
+                            text=True, env=env, cwd=ROOT, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:]
