@@ -32,18 +32,32 @@ spec.loader.exec_module(seeupo_in_verl)
 PARITY = 1e-5
 
 
-def parity(*args: str) -> float:
-    """The script's own printed figure: each case runs in a process of its own (it builds verl's
-    worker on a gloo group and selects verl's CPU platform, process-wide state)."""
-    import re
+def run_script(*args: str) -> str:
+    """The script's stdout: each case runs in a process of its own (it builds verl's worker on a gloo
+    group and selects verl's CPU platform, process-wide state)."""
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = re.findall(r"^max parameter difference vs the kit: (\S+)$", result.stdout, re.M)
-    assert len(found) == 1, result.stdout[-2000:]
-    return float(found[0])
+    return result.stdout
+
+
+def printed(stdout: str, label: str) -> str:
+    import re
+
+    found = re.findall(rf"^{re.escape(label)}: (.+)$", stdout, re.M)
+    assert len(found) == 1, stdout[-2000:]
+    return found[0]
+
+
+def parity(*args: str, stdout: list | None = None) -> float:
+    """The script's own printed figure against the kit, or against Algorithm 1 (`--reference algorithm1`)."""
+    out = run_script(*args)
+    if stdout is not None:
+        stdout.append(out)
+    versus = "Algorithm 1" if "algorithm1" in args else "the kit"
+    return float(printed(out, f"max parameter difference vs {versus}"))
 
 
 def test_one_step_through_verls_actor_worker_equals_the_kits_reverse_order():
@@ -65,6 +79,51 @@ def test_one_step_through_verls_actor_worker_equals_the_kits_natural_order_and_w
 def test_seeupo_trainers_actor_update_through_a_live_transfer_queue_equals_the_kit(case):
     # SeeUPOTrainer._update_actor as verl's v1 trainer calls it; only its Ray set-up is replaced (in-process worker).
     assert parity("--case", case, "--trainer") <= PARITY
+
+
+def test_under_a_warmup_schedule_every_pool_runs_at_the_steps_rate_and_the_schedule_moves_once():
+    # lr_warmup_steps=10 at step 3: 0.5 * 3/10 for all three pools, against Algorithm 1 at that rate.
+    out = []
+    assert parity("--case", "reverse", "--reference", "algorithm1", "--lr-schedule", "warmup", stdout=out) <= PARITY
+    assert [float(x) for x in printed(out[0], "pool learning rates").split()] == pytest.approx([0.15] * 3, abs=1e-12)
+    assert printed(out[0], "schedule advanced by") == "1"
+
+
+@pytest.mark.slow
+def test_under_a_cosine_schedule_every_pool_runs_at_the_steps_rate_and_the_schedule_moves_once():
+    import math
+
+    out = []
+    assert parity("--case", "natural", "--reference", "algorithm1", "--lr-schedule", "cosine", stdout=out) <= PARITY
+    rate = 0.5 * 0.5 * (1 + math.cos(math.pi * 3 / 20))
+    assert [float(x) for x in printed(out[0], "pool learning rates").split()] == pytest.approx([rate] * 3, rel=1e-6)
+    assert printed(out[0], "schedule advanced by") == "1"
+
+
+@pytest.mark.slow
+def test_control_verls_schedule_stepped_per_pool_differs_from_algorithm1_at_the_steps_rate():
+    out = []
+    assert parity("--case", "reverse", "--reference", "algorithm1", "--lr-schedule", "warmup", "--no-lr-hold",
+                  stdout=out) > 1000 * PARITY
+    assert printed(out[0], "schedule advanced by") == "3"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ("reverse", "natural"))
+def test_a_row_with_an_empty_turn_pools_its_later_turns_at_their_true_index(order):
+    # Against Algorithm 1 written from the paper, and against the kit (which keeps empty turns).
+    assert parity("--case", order, "--reference", "algorithm1", "--empty-turn") <= PARITY
+    assert parity("--case", order, "--empty-turn") <= PARITY
+
+
+@pytest.mark.slow
+def test_count_tokens_verl_feeds_each_pool_its_prefix_only():
+    out = run_script("--count-tokens")
+    verl = float(printed(out, "verl SeeUPO tokens fed / exact floor").split()[0])
+    kit = float(printed(out, "kit SeeUPO tokens fed / exact floor").split()[0])
+    before = float(printed(out, "verl before trimming (whole rows in every call) / exact floor").split()[0])
+    assert verl <= 1.1 and kit <= 1.1
+    assert before > 1.3  # the control: whole rows in every call, as before
 
 
 @pytest.mark.slow
@@ -130,7 +189,7 @@ def recorded(rollouts):
         (lambda s: [{"start": 0}] + s[1:], "list"),
         (lambda s: [[[k, k + 1] for k in range(MAX_TURNS + 1)]] + s[1:], "more than"),
         (lambda s: [[[s[0][0][0], s[0][0][1] + 1]]] + s[1:], "response_mask 0"),  # reaches into the tool result
-        (lambda s: [[[3, 3]]] + s[1:], "empty"),
+        (lambda s: [[[3, 2]]] + s[1:], "reversed"),
     ],
 )
 def test_malformed_turn_spans_are_one_line_errors_and_nothing_runs(rollouts, bad, message):
@@ -178,6 +237,66 @@ def test_pools_run_in_the_configured_order_with_one_update_each(rollouts):
     assert "seeupo/turn3/actor/odd" not in metrics
     # the batch carries no old log-probs: once, then the ratios after pools 3 and 2 (pool 1 has no later pool)
     assert actor.calls.count("compute_log_prob") == 3
+
+
+class PoolRecordingActor(RecordingActor):
+    """Replaces verl's actor: records each update's rows (their turn masks) and the LR-schedule calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pools: list[dict] = []
+
+    def update_actor(self, data):
+        from seeupo_gym.integrations.verl.seeupo import POOL_ROWS
+
+        self.calls.append("update_actor")
+        self.pools.append({"rows": data.meta_info.get(POOL_ROWS), "mask": data.batch["response_mask"].clone(),
+                           "attention": data.batch["attention_mask"].sum(-1).tolist(), "width": data.batch["responses"].shape[1]})
+        return {}
+
+    def save_lr_schedule(self):
+        self.calls.append("save_lr")
+
+    def restore_lr_schedule(self):
+        self.calls.append("restore_lr")
+
+
+def test_each_pool_is_cut_at_its_turns_end_and_an_empty_turn_keeps_its_index(rollouts):
+    spans = recorded(rollouts)
+    end0 = spans[3][0][1]
+    # row 3: [add, (empty at the end of turn 1), mul, answer]; the tokens of "mul" and "answer" unchanged
+    spans[3] = [spans[3][0], [end0, end0], spans[3][1], spans[3][2]]
+    actor = PoolRecordingActor()
+    metrics = seeupo_step(batch_of(rollouts, spans), actor, VerlSeeUPOConfig(order="natural"))
+    assert metrics["seeupo/turn_pools"] == 4.0
+    pools = actor.pools
+    # pool 2: rows 0, 1, 3 and 4 reached turn 2; row 3's is empty: counted, not fed
+    assert [p["rows"] for p in pools] == [6, 4, 2, 1]
+    assert pools[1]["mask"].shape[0] == 3
+    # pool 3 holds row 3's "mul" (its true turn 3) beside row 0's turn 3; pool 4 row 3's answer alone
+    prompt = batch_of(rollouts).batch["prompts"].shape[1]
+    lengths = batch_of(rollouts).batch["attention_mask"][:, :prompt].sum(-1).tolist()
+    assert pools[2]["attention"] == [lengths[0] + spans[0][2][1], lengths[3] + spans[3][2][1]]
+    assert pools[3]["attention"] == [lengths[3] + spans[3][3][1]]
+    assert pools[3]["width"] == spans[3][3][1] and int(pools[3]["mask"].sum()) == spans[3][3][1] - spans[3][3][0]
+    # one LR per step: kept before the first update, put back before each later one
+    assert [c for c in actor.calls if c in ("save_lr", "restore_lr")] == ["save_lr", "restore_lr", "restore_lr", "restore_lr"]
+
+
+def test_trimmed_rows_keep_their_prefix_and_drop_every_token_after_the_end(rollouts):
+    from seeupo_gym.integrations.verl.seeupo import fed_tokens, trimmed
+
+    batch = batch_of(rollouts)
+    prompt = batch.batch["prompts"].shape[1]
+    ends = [3, 0, 5, 1, 2, 4]
+    cut = trimmed(batch, ends)
+    assert cut.batch["responses"].shape[1] == 5 and cut.batch["input_ids"].shape[1] == prompt + 5
+    for i, end in enumerate(ends):
+        assert torch.equal(cut.batch["input_ids"][i, : prompt + end], batch.batch["input_ids"][i, : prompt + end])
+        assert int(cut.batch["attention_mask"][i, prompt:].sum()) == min(end, int(batch.batch["attention_mask"][i, prompt:].sum()))
+        assert not cut.batch["response_mask"][i, end:].any()
+    assert fed_tokens(cut) == sum(int(batch.batch["attention_mask"][i, :prompt].sum())
+                                  + min(e, int(batch.batch["attention_mask"][i, prompt:].sum())) for i, e in enumerate(ends))
 
 
 @pytest.mark.parametrize(
