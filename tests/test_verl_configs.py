@@ -211,3 +211,16 @@ def test_the_paper_script_builds_its_data_then_refuses_a_machine_without_gpus_in
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("seeupo verl: this run needs 8 GPU(s)")
     assert (tmp_path / "bfcl_train.parquet").is_file() and (tmp_path / "bfcl_val.parquet").is_file()
+
+
+def test_seeupo_trainer_yaml_sets_seeupos_place_in_verls_config():
+    from omegaconf import OmegaConf
+
+    from seeupo_gym.integrations.verl.__main__ import DEFAULTS
+
+    config = compose([])
+    for item in DEFAULTS:
+        key, value = item.split("=", 1)
+        assert str(OmegaConf.select(config, key)) == ("None" if value == "null" else value), item
+    # and verl's own defaults stay under it (a key SeeUPO does not touch)
+    assert config.actor_rollout_ref.actor.clip_ratio_low == 0.2 and config.trainer.use_v1
