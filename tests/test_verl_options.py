@@ -873,6 +873,27 @@ def test_seq_mean_denominator_is_the_minibatchs_row_count_when_rejection_empties
     assert max(abs(a - b) for a, b in zip(alone, expected)) > 1e-3
 
 
+@pytest.mark.parametrize("algorithm,mode", [("grpo", "seq-mean-token-mean"), ("grpo", "seq-mean-token-sum"),
+                                            ("gspo", "seq-mean-token-mean"), ("gspo", "seq-mean-token-sum-norm")])
+def test_seq_mean_denominator_counts_a_zero_length_row_as_verl_v1_does(algorithm, mode):
+    """verl v1's `global_batch_size` is the mini-batch's row count: a trajectory that sampled no token
+    (one zero-length row in six) counts in the seq-mean denominator as a rejected one does."""
+    options = {"loss_agg": mode, "loss_scale_factor": 7.0}
+    batch = off_policy_batch(2)
+    batch["r4"].turns = [Turn(context_ids=[4, 0], response_ids=[], sample_logprobs=[])]
+    policy = ScalarPolicy(batch, seed=2, lr=0.1)
+    with_sampler(batch, policy, seed=3, scale=0.6)
+    extra = {"sequence": "trajectory"} if algorithm == "gspo" else {}
+    algo = make_algorithm(algorithm, {"minibatch_size": 4, "epochs": 2, **extra, **options})
+    algo.update(batch, policy, torch.Generator().manual_seed(0))
+    assert any(("r4", 1) in r[1] for r in policy.records)
+    expected, _, _ = verl_step(batch, policy, options, algorithm)
+    assert [r[2] for r in policy.records] == pytest.approx(expected, abs=1e-6)
+    # The control: counting only the rows that have a token (the kit before) gives other numbers.
+    alone = verl_step_with_agg_alone(batch, policy, options, algorithm)
+    assert max(abs(a - b) for a, b in zip(alone, expected)) > 1e-3
+
+
 def verl_step_with_agg_alone(batch, policy, options, algorithm):
     global verl_agg_loss
     saved = verl_agg_loss
