@@ -154,6 +154,10 @@ def test_a_users_own_config_composes_seeupo_trainer_and_verls_plain_one_is_refus
     (["--config-path", "/no/such/folder", "--print-config"], "no such folder"),
     (["+experiment=paper_nope", "--print-config"], "paper_nope"),
     (["--cfg", "job", "--frob"], "unknown flag"),
+    (["--cfg", "job", "actor_rollout_ref.rollout.agent.agent_loop_config_path=pkg://seeupo_gym.integrations.verl/../"
+      "__init__.py"], "no such file in seeupo_gym.integrations.verl"),
+    (["--cfg", "job", "actor_rollout_ref.rollout.agent.agent_loop_config_path=pkg://seeupo_gym.integrations.verl/"
+      "config/nope.yaml"], "no such file in seeupo_gym.integrations.verl"),
 ])
 def test_bad_flags_are_refused_in_one_line(args, message, capsys):
     assert main(args) == 2

@@ -109,8 +109,9 @@ def compose(overrides: list[str], config_name: str = CONFIG_NAME, config_path: s
     for key in PKG_KEYS:  # pkg:// values name files shipped here; verl wants a path
         value = OmegaConf.select(config, key, default=None)
         if isinstance(value, str) and value.startswith(PKG_PREFIX):
-            path = resources.files("seeupo_gym.integrations.verl").joinpath(value[len(PKG_PREFIX):])
-            if not path.is_file():
+            relative = value[len(PKG_PREFIX):]
+            path = resources.files("seeupo_gym.integrations.verl").joinpath(relative)
+            if ".." in Path(relative).parts or Path(relative).is_absolute() or not path.is_file():
                 raise ValueError(f"{key}={value}: no such file in seeupo_gym.integrations.verl")
             OmegaConf.update(config, key, str(path))
     return config
