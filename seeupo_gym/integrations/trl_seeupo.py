@@ -57,7 +57,7 @@ KL_DEFAULT = 0.002  # the paper's KL-to-reference coefficient
 # ---------------------------------------------------------------------------------- the options
 
 # GRPOConfig options SeeUPO's update does not read, each with what SeeUPO does instead. Set to anything
-# but GRPOConfig's default (SeeUPOConfig's for the two it changes), they are refused in one line.
+# but GRPOConfig's default (SeeUPOConfig's where SEEUPO_DEFAULTS changes it), they are refused in one line.
 UNUSED_OPTIONS: dict[str, str] = {
     "loss_type": "the loss is SeeUPO's (clipped sequence ratio per turn pool, mean over the pool)",
     "scale_rewards": "advantages are normalized by seeupo_normalization",
@@ -132,8 +132,8 @@ def check_options(args: GRPOConfig, defaults: dict[str, Any] | None = None) -> N
     if args.steps_per_generation != args.gradient_accumulation_steps:
         raise ValueError(
             f"SeeUPOTrainer: steps_per_generation ({args.steps_per_generation}) must equal gradient_accumulation_steps "
-            f"({args.gradient_accumulation_steps}): one SeeUPO step updates one whole generation batch (set "
-            "generation_batch_size / steps_per_generation unset)")
+            f"({args.gradient_accumulation_steps}): one SeeUPO step updates one whole generation batch (leave "
+            "generation_batch_size and steps_per_generation unset)")
     if args.seeupo_max_tokens_per_microbatch < 1:
         raise ValueError(f"seeupo_max_tokens_per_microbatch must be >= 1, got {args.seeupo_max_tokens_per_microbatch}")
     kit_config(args)  # SeeUPO's own options
