@@ -268,3 +268,13 @@ def test_seeupo_train_refuses_a_cuda_build_of_vllm_on_a_cpu_machine_in_one_line(
     monkeypatch.setattr(memory_plan, "_vllm_is_cpu_build", lambda: False)
     line = _one_line_refusal(capsys, ["--config", "smoke", "--out", str(tmp_path / "run"), "generation.backend=vllm"])
     assert "no CUDA GPU and the installed vLLM is a CUDA build" in line
+
+
+def test_the_cuda_budget_is_the_free_memory_less_a_reserve_and_an_awake_vllms_share(monkeypatch):
+    # torch.cuda.mem_get_info replaced by a fake 100 GiB device with 90 GiB free (no GPU needed).
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (90 * GIB, 100 * GIB))
+    budget, source = memory_plan.device_budget(load_config("tiny-cpu"), "cuda")
+    assert budget == 85 * GIB and "free on the GPU" in source
+    awake = load_config("tiny-cpu", ["generation.backend=vllm", "generation.sleep_level=0",
+                                     "generation.gpu_memory_utilization=0.3"])
+    assert memory_plan.device_budget(awake, "cuda")[0] == 55 * GIB
