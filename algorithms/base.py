@@ -322,7 +322,7 @@ def register_algorithm(name: str) -> Callable[[A], A]:
 
 def _load_builtin_algorithms() -> None:
     # Imported lazily so that `import algorithms` stays cheap; each module registers itself.
-    for module in ("ppo", "grpo", "gspo", "seeupo"):
+    for module in ("ppo", "grpo", "gspo", "seeupo", "turn_credit"):
         spec = importlib.util.find_spec(f"seeupo_gym.algorithms.{module}")
         if spec is not None:
             importlib.import_module(f"seeupo_gym.algorithms.{module}")
