@@ -468,3 +468,32 @@ def test_the_paper_run_script_builds_its_data_and_its_config_passes_every_check(
     import pandas as pd
 
     assert len(pd.read_parquet(tmp_path / "bfcl_train.parquet")) == 100
+
+
+def test_every_accepted_but_unused_option_is_named_in_one_warning_line(caplog):
+    import logging
+
+    from seeupo_gym.integrations.verl.__main__ import compose
+    from seeupo_gym.integrations.verl.trainer import UNUSED_OPTIONS, warn_unused_options
+
+    config = compose(["actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    with caplog.at_level(logging.WARNING, logger="seeupo_gym.integrations.verl.trainer"):
+        warn_unused_options(config)
+    lines = [r.getMessage() for r in caplog.records if r.name == "seeupo_gym.integrations.verl.trainer"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=16 (each turn pool is one mini-batch)" in lines[0]
+    assert all(key in lines[0] for key in UNUSED_OPTIONS)
+
+
+def test_seeupo_trainer_warns_at_start_before_verls_own_set_up(monkeypatch):
+    from seeupo_gym.integrations.verl import trainer
+
+    seen = []
+    monkeypatch.setattr(trainer, "warn_unused_options", lambda config: seen.append(config))
+    base = trainer._trainer_base()
+    monkeypatch.setattr(base, "__init__", lambda self, config: seen.append("verl's __init__"))
+    from seeupo_gym.integrations.verl.__main__ import compose
+
+    config = compose(["actor_rollout_ref.rollout.n=8"])
+    trainer.seeupo_trainer_class()(config)
+    assert seen == [config, "verl's __init__"]

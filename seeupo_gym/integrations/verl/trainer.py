@@ -8,12 +8,14 @@
 - `seeupo_advantages`, registered as `algorithm.adv_estimator=seeupo`: each trajectory's initial M
   (GRAE, `algorithm.seeupo.normalization`) on its sampled tokens, what verl logs as advantages.
 
-`register()` installs both; the launcher (`python -m seeupo_gym.integrations.verl`) runs it in every
+`SeeUPOTrainer` logs one warning line at start naming the verl options it accepts and does not read
+(`UNUSED_OPTIONS`: `ppo_mini_batch_size`, ...). `register()` installs both; the launcher (`python -m seeupo_gym.integrations.verl`) runs it in every
 Ray worker through Ray's `worker_process_setup_hook`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,19 @@ from verl.trainer.ppo import core_algos
 
 from seeupo_gym.algorithms import core
 from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, WorkerGroupActor, seeupo_step
+
+logger = logging.getLogger(__name__)
+
+# verl options a SeeUPO run accepts (verl's config needs them) and does not read, with why.
+UNUSED_OPTIONS = {
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "each turn pool is one mini-batch",
+    "actor_rollout_ref.actor.shuffle": "one mini-batch per pool, nothing to shuffle",
+    "actor_rollout_ref.actor.clip_ratio_c": "verl's gspo loss has no dual clip",
+    "actor_rollout_ref.actor.loss_scale_factor": "only seq-mean-token-sum-norm reads it",
+    "algorithm.gamma": "SeeUPO's M is the trajectory's GRAE advantage",
+    "algorithm.lam": "SeeUPO's M is the trajectory's GRAE advantage",
+    "algorithm.norm_adv_by_std_in_grpo": "algorithm.seeupo.normalization decides",
+}
 
 # What the step reads from the TransferQueue of each row (verl's v1 layout: unpadded per row).
 TQ_FIELDS = ("prompts", "responses", "response_mask", "old_log_probs", "ref_log_prob", "rm_scores", "uid", "extra_fields")
@@ -41,6 +56,24 @@ def seeupo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Te
     scores = core.group_advantages(rewards, groups, options.normalization).to(token_level_rewards.dtype)
     advantages = scores[:, None] * response_mask
     return advantages, advantages
+
+
+def unused_options_line(config: Any) -> str:
+    """One line naming every option of `config` that SeeUPO accepts and does not read, its value and why."""
+    from omegaconf import OmegaConf
+
+    parts = []
+    for key, why in UNUSED_OPTIONS.items():
+        value = OmegaConf.select(config, key, default="<absent>")
+        if value != "<absent>":
+            parts.append(f"{key}={value} ({why})")
+    return "seeupo verl: accepted and not used by SeeUPO: " + "; ".join(parts) if parts else ""
+
+
+def warn_unused_options(config: Any) -> None:
+    line = unused_options_line(config)
+    if line:
+        logger.warning(line)
 
 
 def _seeupo_section(algorithm_config: Any) -> dict[str, Any]:
@@ -152,6 +185,7 @@ def seeupo_trainer_class() -> type:
             with open_dict(config):
                 config.trainer.v1.trainer_mode = "sync"
             VerlSeeUPOConfig.from_mapping(_seeupo_section(config.algorithm))  # refused before any worker starts
+            warn_unused_options(config)
             super().__init__(config)
 
         def _update_actor(self, batch: Any, metrics: dict) -> Any:
