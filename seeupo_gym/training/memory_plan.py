@@ -56,7 +56,6 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -341,8 +340,9 @@ def plan_memory(
     return MemoryPlan(model=m.name_or_path, device=device, parts=parts, tokens=tokens)
 
 
-def device_budget(config: Config, device: str) -> tuple[int | None, str]:
-    """Bytes the plan may count on per device, and where the figure comes from."""
+def device_budget(config: Config, device: str, index: int | None = None) -> tuple[int | None, str]:
+    """Bytes the plan may count on per device (CUDA: device `index`, this process's), and where the
+    figure comes from."""
     if config.model.memory_budget_gib is not None:
         return int(config.model.memory_budget_gib * GIB), "model.memory_budget_gib"
     text = os.environ.get(BUDGET_ENV, "").strip()
@@ -357,7 +357,8 @@ def device_budget(config: Config, device: str) -> tuple[int | None, str]:
     if device == "cuda":
         import torch
 
-        free, total = torch.cuda.mem_get_info()
+        # This process's own GPU: asking for the current one would open a context on GPU 0 from every rank.
+        free, total = torch.cuda.mem_get_info(index if index is not None else int(os.environ.get("LOCAL_RANK", "0") or 0))
         budget = int(free - RESERVE_FRACTION * total)
         if config.generation.backend == "vllm" and config.generation.sleep_level == 0:
             # vLLM awake between rollouts keeps its share of the device.
@@ -466,8 +467,8 @@ def check_memory_early(config: Config) -> MemoryPlan | None:
                         needs_value_model=needs_value_model, log=False)
 
 
-def device_check(config: Config, *, device: str, processes: int = 1, sharded: bool = False,
-                 needs_value_model: bool = False, log: bool = True) -> MemoryPlan | None:
+def device_check(config: Config, *, device: str, index: int | None = None, processes: int = 1,
+                 sharded: bool = False, needs_value_model: bool = False, log: bool = True) -> MemoryPlan | None:
     """The memory plan of `config` on this machine's `device`; refuses (DeviceError, one line) a run
     that cannot fit when model.memory_check is "refuse", and logs the plan otherwise."""
     if config.model.memory_check == "off":
@@ -479,7 +480,7 @@ def device_check(config: Config, *, device: str, processes: int = 1, sharded: bo
         return None
     where = {"device": device, "processes": processes, "sharded": sharded, "needs_value_model": needs_value_model}
     plan = plan_memory(config, shape, **where)
-    plan.budget, plan.budget_source = device_budget(config, device)
+    plan.budget, plan.budget_source = device_budget(config, device, index)
     if plan.fits:
         if log:
             logger.info("memory plan: %s %s", config.model.name_or_path, plan.describe())

@@ -167,8 +167,9 @@ class Trainer:
                         accelerator.num_processes, accelerator.device)
         # Does the learner fit this device? Refused in one line before any weight loads, and before
         # a run folder is made (memory_plan.py).
-        device_check(config, device=accelerator.device.type, processes=accelerator.num_processes,
-                     sharded=_sharded(accelerator), needs_value_model=self.algorithm.needs_value_model)
+        device_check(config, device=accelerator.device.type, index=accelerator.device.index,
+                     processes=accelerator.num_processes, sharded=_sharded(accelerator),
+                     needs_value_model=self.algorithm.needs_value_model)
         set_seed(config.train.seed)
         run_id, self._resume_path = self._open_run_folder()
         if self.is_main:
