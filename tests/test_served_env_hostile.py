@@ -225,3 +225,15 @@ def test_the_vector_agent_goes_on_when_a_failed_env_cannot_be_made_again_with_a_
         batch = agent.collect(TASKS * 2, group_size=1, seed=0).trajectories
     assert [t.info["end"] for t in batch] == [END_ENV_ERROR] * 4 and len(made) > 2
     assert any("could not be made again" in t.info["error"] for t in batch)
+
+
+@pytest.mark.slow  # the tiny model loads, then two 30 s description deadlines (the task list's env, the agent's)
+def test_seeupo_eval_against_a_dripped_description_ends_in_one_line(hostile):
+    command = [str(Path(sys.executable).with_name("seeupo-eval")), "--model", "tiny", "--env", "seeupo/TurnBandit-v0",
+               "--tasks", TASKS[0], "-k", "1", "--no-progress", f"env.url={hostile('drip_description')}"]
+    start = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert time.monotonic() - start < 200
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("seeupo-eval: the env server at "), result.stderr

@@ -322,12 +322,17 @@ def eval_main(argv: list[str] | None = None) -> int:
         return 2
     from seeupo_gym.training.model_source import evaluate_source
 
+    from seeupo_gym.remote import RemoteEnvError
+
     try:
         result = evaluate_source(
             opened, config, tasks, env_kwargs=env_kwargs, k=args.k, n=n, temperature=args.temperature,
             max_new_tokens=max_new_tokens, seed=args.seed, num_envs=args.num_envs, progress=not args.no_progress,
             keep_rollouts=bool(args.rollouts or args.export_bfcl),
         )
+    except RemoteEnvError as error:  # a served env that cannot be made at all (its episodes' errors are scored)
+        print(f"seeupo-eval: {_one_line(error)}", file=sys.stderr)
+        return 1
     finally:
         opened.close()
     data = result.to_dict()
