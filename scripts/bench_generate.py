@@ -136,7 +136,13 @@ def hf_cb_manager(model, args: argparse.Namespace):
     """transformers' continuous batching manager, or None where this release has none."""
     if not hasattr(model, "init_continuous_batching"):
         return None
+    import copy
+
     from transformers import GenerationConfig
+
+    # Its own copy: the manager switches the model's attention to its paged kernels, which a
+    # plain forward (every other variant) then refuses.
+    model = copy.deepcopy(model)
 
     config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=True, top_k=0, top_p=1.0, eos_token_id=-1,
                               pad_token_id=model.generation_config.pad_token_id)
