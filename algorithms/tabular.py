@@ -90,8 +90,13 @@ class TabularPolicy:
         max_grad_norm: float | None = None,
         init_logits: torch.Tensor | None = None,
         microbatch_samples: int | None = None,
+        observations: bool = False,
     ) -> None:
         self.tasks = list(tasks)
+        # observations=True: trajectories carry info["observations"], what a TurnBandit env shows before
+        # each turn (the turn and the previous choice, not the whole history), so that methods keyed by
+        # observation (GiGPO's anchors) see states repeat across different histories.
+        self.observations = observations
         self.microbatch_samples = microbatch_samples
         self.num_options = max(task.num_options for task in self.tasks)
         self.index: dict[tuple[int, ...], int] = {}
@@ -238,6 +243,11 @@ def _trajectory(policy: TabularPolicy, table: list[list[float]], rollout: _Rollo
         ids = context_ids(rollout.task_index, rollout.actions[:t])
         turns.append(Turn(context_ids=ids, response_ids=[a], sample_logprobs=[table[policy.index[tuple(ids)]][a]]))
     reward = task.reward(rollout.actions)
+    info: dict = {}
+    if getattr(task, "per_turn_rewards", False):
+        info["turn_rewards"] = list(task.turn_rewards(rollout.actions))
+    if policy.observations:
+        info["observations"] = [f"turn {t + 1} after {rollout.actions[t - 1] if t else 'start'}" for t in range(len(rollout.actions))]
     return Trajectory(
         task_id=task.task_id,
         group_id=task.task_id,
@@ -245,6 +255,7 @@ def _trajectory(policy: TabularPolicy, table: list[list[float]], rollout: _Rollo
         turns=turns,
         reward=reward,
         success=reward >= 1.0,
+        info=info,
     )
 
 

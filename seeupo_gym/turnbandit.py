@@ -107,6 +107,8 @@ class BanditTask:
     rewards: dict[tuple[int, ...], float]
     instructions: tuple[str, ...] = ()  # per turn, shown with the options (`follow`)
     stops: tuple[int, ...] = ()  # the stop option of each turn (`stopping`); () = no stop
+    # Emit a reward at every turn (`turn_rewards`) instead of the whole reward at the end; the sum is the same.
+    per_turn_rewards: bool = False
 
     @property
     def num_turns(self) -> int:
@@ -122,6 +124,24 @@ class BanditTask:
     def ends(self, actions: Sequence[int]) -> bool:
         """Whether the episode is over after `actions`: T choices, or a turn's stop option."""
         return len(actions) >= self.num_turns or bool(self.stops and actions and actions[-1] == self.stops[len(actions) - 1])
+
+    def uniform_value(self, history: Sequence[int]) -> float:
+        """phi(h): the mean reward after `history` when every later turn is uniform; the reward itself once it ends."""
+        history = tuple(history)
+        if history and self.ends(history):
+            return self.reward(history)
+        return sum(self.uniform_value(history + (a,)) for a in range(self.num_options)) / self.num_options
+
+    def turn_rewards(self, actions: Sequence[int]) -> tuple[float, ...]:
+        """The per-turn rewards of a complete joint action: r_1 = phi(a_1), r_t = phi(a_1..a_t) - phi(a_1..a_t-1)
+        (phi = `uniform_value`). They add up to r(a) (the differences telescope), so returns and J* are those
+        of the end-only reward; each turn is told how much its choice moved a uniform continuation's
+        expectation, which on `climbing` and `stopping` points at the decoy, as a shaped reward can."""
+        actions = tuple(actions)
+        if not self.ends(actions):
+            raise ValueError(f"{actions} is not a complete joint action of task {self.task_id}")
+        phi = [self.uniform_value(actions[: t + 1]) for t in range(len(actions))]
+        return tuple([phi[0]] + [phi[t] - phi[t - 1] for t in range(1, len(phi))])
 
     def optimal(self) -> tuple[float, tuple[int, ...]]:
         """(J*, an optimal joint action) by backward induction: V(h) = max_a [r(h, a) if the episode
@@ -305,8 +325,10 @@ def make_tasks(
     options: int = 3,
     hint: bool = False,
     optimum: float | tuple[float, float] = 1.0,
+    turn_rewards: bool = False,
 ) -> list[BanditTask]:
-    """The task list of a TurnBandit variant; task i depends only on (variant, seed, i, optimum)."""
+    """The task list of a TurnBandit variant; task i depends only on (variant, seed, i, optimum).
+    turn_rewards: the tasks pay `BanditTask.turn_rewards` turn by turn (same sum, same J*)."""
     low_optimum, high_optimum = _optimum_range(optimum)
     if variant not in VARIANTS:
         raise ValueError(f"unknown TurnBandit variant {variant!r}; choose one of {VARIANTS}")
@@ -334,6 +356,8 @@ def make_tasks(
         if (low_optimum, high_optimum) != (1.0, 1.0):
             # Its own generator, so the tasks with J* = 1 stay exactly what they were.
             task = _scaled(task, random.Random(f"turnbandit-optimum:{variant}:{seed}:{i}").uniform(low_optimum, high_optimum))
+        if turn_rewards:
+            task = dataclasses.replace(task, per_turn_rewards=True)
         tasks.append(task)
     return tasks
 
@@ -370,7 +394,9 @@ class TurnBanditEnv(gym.Env[str, str]):
     invalid_penalty, max_turns, template, brief (a one-sentence system prompt without the
     reasoning instructions, for small models answering in a few tokens; a `<think>` block is still parsed),
     action_format ("react": the letter after `<think>`, the default; "tools": a call of the `answer` tool),
-    tool_parser (with "tools", the registered parser that reads the call; see `seeupo_gym.tools`).
+    tool_parser (with "tools", the registered parser that reads the call; see `seeupo_gym.tools`),
+    turn_rewards (each step's `info["turn_reward"]` is that turn's share of the episode's reward,
+    `BanditTask.turn_rewards`; the step rewards stay 0 ... R, the shares add up to R).
     `gym.make("seeupo/TurnBandit-v0", variant="easy", options=2)` is the small-LLM preset.
     """
 
@@ -391,6 +417,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         brief: bool = False,
         action_format: str = "react",
         tool_parser: str = "hermes",
+        turn_rewards: bool = False,
     ) -> None:
         if action_format not in ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {list(ACTION_FORMATS)}, got {action_format!r}")
@@ -403,7 +430,8 @@ class TurnBanditEnv(gym.Env[str, str]):
         if variant in ("easy", "follow", "capital"):
             turns = turns or (2, 2)
             options = options or (2 if variant == "easy" else 3)
-        self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum)
+        self.turn_rewards = turn_rewards
+        self.tasks = make_tasks(variant, num_tasks, seed, turns or (2, 4), options or 3, hint, optimum, turn_rewards)
         self.task_index = {task.task_id: k for k, task in enumerate(self.tasks)}
         self.task_ids: tuple[str, ...] = tuple(task.task_id for task in self.tasks)
         if not 0 <= invalid_penalty <= 1:
@@ -420,6 +448,7 @@ class TurnBanditEnv(gym.Env[str, str]):
         self._choices: list[int] = []
         self._turns_taken = 0
         self._invalid = 0
+        self._paid = 0.0  # the per-turn rewards paid so far (turn_rewards)
         self._done = False
         self._messages: list[dict[str, Any]] = []
 
@@ -473,7 +502,7 @@ class TurnBanditEnv(gym.Env[str, str]):
             self.task = self.tasks[self.task_index[task_id]]
         else:
             raise ValueError(f"unknown TurnBandit task_id {task_id!r}; ids look like {self.tasks[0].task_id!r}")
-        self._choices, self._turns_taken, self._invalid, self._done = [], 0, 0, False
+        self._choices, self._turns_taken, self._invalid, self._done, self._paid = [], 0, 0, False, 0.0
         system = self.system_prompt()
         first = f"Task {self.task.task_id}. {self.task.goal}\n{self._step_text()}"
         self._messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
@@ -526,9 +555,24 @@ class TurnBanditEnv(gym.Env[str, str]):
             truncated = True
             observation += f"\nTurn limit ({self.max_turns}) reached before the last step. Team reward: 0.000."
         self._done = terminated or truncated
+        paid = self._paid
+        if self.turn_rewards:
+            # This turn's share (`BanditTask.turn_rewards`); the last step pays the rest, so the shares add
+            # up to the episode's reward (penalties and a truncation's 0 included).
+            if terminated or truncated:
+                share = reward - paid
+            elif choice is not None:
+                before = self.task.uniform_value(self._choices[:-1]) if len(self._choices) > 1 else 0.0
+                share = self.task.uniform_value(self._choices) - before
+            else:
+                share = 0.0
+            self._paid = paid + share
         # A call of the tool gets the tool's result; anything else a user message.
         self._messages.append(tool_message(TOOL_NAME, observation) if call is not None else {"role": "user", "content": observation})
-        return observation, reward, terminated, truncated, self._info(turn=self._turns_taken, action_error=problem)
+        info = self._info(turn=self._turns_taken, action_error=problem)
+        if self.turn_rewards:
+            info["turn_reward"] = float(self._paid - paid)
+        return observation, reward, terminated, truncated, info
 
     def _tool_choice(self, action: str, options: Sequence[str]) -> tuple[int | None, str, dict[str, Any] | None]:
         """(choice, problem, assistant message with the call) of a tools-format response; the message
