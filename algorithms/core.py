@@ -199,19 +199,23 @@ class Totals:
     # Set by `part`: each row's rollout_id, and the token count of the sequence it belongs to.
     row_ids: tuple[str, ...] | None = None
     row_sequence_tokens: tuple[int, ...] | None = None
+    # Sequences with a response token: the denominator of per-sequence diagnostics (ratio, clip
+    # fraction), which a zero-length row has none of; None: `samples`.
+    with_tokens: int | None = None
 
     @classmethod
     def of(cls, samples: Sequence[TurnSample], sequence: str = "turn") -> "Totals":
         tokens = sum(s.turn.num_response_tokens for s in samples)
         if sequence == "turn":
-            return cls(len(samples), tokens)
+            return cls(len(samples), tokens, with_tokens=sum(1 for s in samples if s.turn.num_response_tokens))
         if sequence != "trajectory":
             raise ValueError(f"unknown sequence {sequence!r}; choose one of {SEQUENCES}")
         per_trajectory: dict[str, int] = defaultdict(int)
         for s in samples:
             per_trajectory[s.rollout_id] += s.turn.num_response_tokens
         # verl v1 counts every row of a mini-batch, a zero-length one too (`ppo_mini_batch_size * n`).
-        return cls(len(per_trajectory), tokens, dict(per_trajectory))
+        return cls(len(per_trajectory), tokens, dict(per_trajectory),
+                   with_tokens=sum(1 for n in per_trajectory.values() if n))
 
     @classmethod
     def of_mask(cls, mask: torch.Tensor) -> "Totals":
@@ -674,7 +678,7 @@ def sequence_policy_loss(
     """
     mask = new.mask
     totals = totals or Totals.of_mask(mask)
-    samples = max(totals.samples, 1)
+    samples = max(totals.samples if totals.with_tokens is None else totals.with_tokens, 1)  # diagnostics only
     log_ratio, tokens, first = sequence_means(new.logprobs - old, mask, totals)
     ratio = torch.exp(log_ratio.clamp(max=SEQUENCE_LOG_RATIO_CLAMP))
     weights = weights[first]

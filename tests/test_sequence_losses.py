@@ -36,8 +36,9 @@ def verl_gspo_loss(old, new, advantages, mask, clip_low, clip_high, rollout_is_w
     return (seq_losses * seq_mask).sum() / seq_mask.sum()
 
 
-def verl_agg_seq_mean(loss_mat, mask, mode):
-    """verl's `agg_loss` for the seq-mean modes, local batch (fully masked rows leave both sums)."""
+def verl_agg_seq_mean(loss_mat, mask, mode, global_batch_size=None):
+    """verl's `agg_loss` for the seq-mean modes: called alone (fully masked rows leave both sums), or
+    with verl v1's `global_batch_size` (the mini-batch's row count, zero-length rows included)."""
     mask = mask.to(loss_mat.dtype)
     seq_tokens = mask.sum(-1)
     seq_mask = (seq_tokens > 0).to(loss_mat.dtype)
@@ -45,7 +46,7 @@ def verl_agg_seq_mean(loss_mat, mask, mode):
         seq_losses = (loss_mat * mask).sum(-1) / (seq_tokens + 1e-8)
     else:
         seq_losses = (loss_mat * mask).sum(-1)
-    return (seq_losses * seq_mask).sum() / seq_mask.sum()
+    return (seq_losses * seq_mask).sum() / (seq_mask.sum() if global_batch_size is None else global_batch_size)
 
 
 LENGTHS = {"a": [2, 3, 1], "b": [4], "c": [1, 2]}
@@ -227,7 +228,7 @@ def test_sequence_ratio_is_clamped_at_ten_as_verl_with_no_nan_or_inf(advantage):
 # --------------------------------------------------------------------------- item 6
 
 
-def test_a_zero_length_response_is_no_sequence_in_gspo_per_turn_as_verl():
+def test_a_zero_length_response_adds_no_loss_and_counts_in_gspo_per_turn_as_verl_v1():
     lengths = {"a": [2, 0, 1], "b": [0], "c": [1, 2], "d": [3, 0]}
     samples = batch_of(lengths).samples()
     new_rows, mask = token_rows(samples, seed=4)
@@ -238,13 +239,13 @@ def test_a_zero_length_response_is_no_sequence_in_gspo_per_turn_as_verl():
     ours, stats = core.sequence_policy_loss(new, old, weights, clip_low=0.2, clip_high=0.2, totals=totals)
     advantages = weights[:, None].expand_as(new_rows)
     theirs = verl_gspo_loss(old, new_rows, advantages, mask, 0.2, 0.2)
-    assert totals.samples == 5  # 8 turns, 3 without a token
-    assert float(ours) == pytest.approx(float(theirs), abs=1e-7)
+    assert totals.samples == 8  # 8 turns, 3 without a token: verl v1 counts every row of a mini-batch
+    assert float(ours) == pytest.approx(float(theirs) * 5 / 8, abs=1e-7)  # agg_loss alone divides by 5
     assert stats.ratio_mean == pytest.approx(float(core.sequence_ratio(new_rows, old, mask)[mask.any(-1)].mean()), abs=1e-7)
 
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum"])
-def test_a_zero_length_response_is_no_sequence_in_seq_mean_aggregation_per_turn(mode):
+def test_a_zero_length_response_adds_no_loss_and_counts_in_seq_mean_aggregation_per_turn(mode):
     lengths = {"a": [2, 0, 1], "b": [0], "c": [1, 2]}
     samples = batch_of(lengths).samples()
     values, mask = token_rows(samples, seed=6)
@@ -252,6 +253,6 @@ def test_a_zero_length_response_is_no_sequence_in_seq_mean_aggregation_per_turn(
     # Cut into parts: the shares add up to verl's aggregate over the whole minibatch.
     ours = sum(float(core.aggregate(values[r], mask[r], mode, totals.part([samples[i] for i in r])))
                for r in ([0, 1], [2, 3, 4], [5]))
-    assert ours == pytest.approx(float(verl_agg_seq_mean(values, mask, mode)), abs=1e-7)
-    # Without minibatch totals, a part is its own minibatch: the same rule.
+    assert ours == pytest.approx(float(verl_agg_seq_mean(values, mask, mode, global_batch_size=len(samples))), abs=1e-7)
+    # Without minibatch totals, a part is its own minibatch and only rows with a token count (agg_loss alone).
     assert float(core.aggregate(values, mask, mode)) == pytest.approx(float(verl_agg_seq_mean(values, mask, mode)), abs=1e-7)
