@@ -199,6 +199,35 @@ def count_growth() -> list[int]:
     return grown
 
 
+def profile_submit(model, tokenizer, data: Episodes, args: argparse.Namespace) -> None:
+    """One submit round with the engine thread under cProfile: where its wall time goes."""
+    import cProfile
+    import pstats
+
+    from seeupo_gym.agents.backends.hf_engine import HFEngine
+
+    profiler = cProfile.Profile()
+    loop = HFEngine._loop
+
+    def profiled(self) -> None:
+        profiler.enable()
+        try:
+            loop(self)
+        finally:
+            profiler.disable()
+
+    HFEngine._loop = profiled
+    try:
+        backend = HFBackend(model, tokenizer)
+        start = time.perf_counter()
+        tokens = run_submit(backend, data, args)
+        print(f"profiled submit round: {tokens} tokens in {time.perf_counter() - start:.2f} s, load {load()}", flush=True)
+        backend._engine.close(timeout=60)
+    finally:
+        HFEngine._loop = loop
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", choices=["tiny", *SHAPES])
@@ -212,6 +241,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: torch's)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, one more submit round under cProfile (engine thread): top 20 by own time")
     parser.add_argument("--quick", action="store_true", help="a short dry run: 2 episodes, 2 turns, 1 round")
     args = parser.parse_args()
     if args.quick:
@@ -272,6 +303,8 @@ def main() -> None:
                   flush=True)
     if manager is not None:
         manager.stop(block=True, timeout=10)
+    if args.profile:
+        profile_submit(model, tokenizer, data, args)
     plain = statistics.median(r[1] / r[0] for r in results["plain"]) if results.get("plain") else None
     print(f"| variant | tokens/s (median of {args.repeats}) | runs | vs plain | KV rows B/token | KV grow B/token | load |")
     print("|---|---|---|---|---|---|---|")
