@@ -283,3 +283,21 @@ def test_generate_and_submit_continue_the_kv_cache_on_the_installed_transformers
         recomputed, _ = response_logprobs(model, [prompt], [completion.token_ids], pad_token_id=tokenizer.pad_token_id)
         assert torch.allclose(recomputed[0], torch.tensor(completion.logprobs), atol=1e-4), transformers.__version__
     assert submitted[0].token_ids == turn1.token_ids  # the same seed samples the same tokens on both paths
+
+
+def test_inverse_cdf_picks_by_cumulative_mass_across_blocks_and_the_ragged_tail():
+    from seeupo_gym.agents.backends.hf import inverse_cdf
+
+    # vocab 2500 = two full blocks of 1024 and a tail of 452; unnormalized weights.
+    probs = torch.zeros(4, 2500)
+    probs[:, 1023] = 1.0  # last entry of block 0
+    probs[:, 1024] = 1.0  # first entry of block 1
+    probs[:, 2499] = 2.0  # last entry of the tail
+    uniform = torch.tensor([[0.0], [0.2499], [0.2501], [0.9999]], dtype=torch.float64)
+    # cumulative mass / total 4: 0.25 at 1023, 0.5 at 1024, 1.0 at 2499
+    assert inverse_cdf(probs, uniform).tolist() == [1023, 1023, 1024, 2499]
+    # A target at the very top (rounding) falls on the last entry with mass, never on a zero entry.
+    assert inverse_cdf(probs[:1], torch.tensor([[1.0]], dtype=torch.float64)).tolist() == [2499]
+    only_head = torch.zeros(1, 2500)
+    only_head[0, 5] = 3.0
+    assert inverse_cdf(only_head, torch.tensor([[1.0]], dtype=torch.float64)).tolist() == [5]
