@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,14 @@ def compose(overrides: list[str], config_name: str = CONFIG_NAME, config_path: s
     if config_path and not os.path.isdir(primary):
         raise ValueError(f"--config-path {config_path}: no such folder")
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=primary, version_base=None):
-        config = hydra_compose(config_name, overrides=[f"hydra.searchpath=[{','.join('file://' + p for p in search)}]",
-                                                       *overrides])
+    with warnings.catch_warnings():
+        # hydra-core 1.3 calling omegaconf 2.4 (`make venv` installs the two side by side): deprecations of
+        # hydra's own calls, nothing a user's config can change; every other warning is shown.
+        warnings.filterwarnings("ignore", r"register_new_resolver\(\) is deprecated", UserWarning)
+        warnings.filterwarnings("ignore", r"Implicit conversion from Version to str", FutureWarning)
+        with initialize_config_dir(config_dir=primary, version_base=None):
+            config = hydra_compose(config_name, overrides=[
+                f"hydra.searchpath=[{','.join('file://' + p for p in search)}]", *overrides])
     from omegaconf import OmegaConf
 
     for key in PKG_KEYS:  # pkg:// values name files shipped here; verl wants a path
