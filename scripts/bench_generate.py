@@ -44,6 +44,10 @@ SHAPES = {"0.5b": (896, 4864, 24, 14, 2)}
 VARIANTS = ("submit", "lockstep", "plain", "hf-cb")
 
 
+def rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -298,7 +302,7 @@ def main() -> None:
         for variant in variants if round_ % 2 == 0 else variants[::-1]:
             seconds, tokens, rows, grow = one(variant)
             results[variant].append((seconds, tokens, rows, grow, load()))
-            print(f"  round {round_} {variant}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:,.0f} tokens/s, "
+            print(f"  round {round_} {variant}: {tokens} tokens in {seconds:.2f} s = {rate(tokens / seconds)} tokens/s, "
                   f"KV copied per token rows {rows / tokens:,.0f} B grow {grow / tokens:,.0f} B, load {load()}",
                   flush=True)
     if manager is not None:
@@ -312,7 +316,7 @@ def main() -> None:
         speeds = [tokens / seconds for seconds, tokens, *_ in runs]
         median = statistics.median(speeds)
         ratio = f"{median / plain:.2f}x" if plain else "-"
-        print(f"| {variant} | {median:,.0f} | {', '.join(f'{s:,.0f}' for s in speeds)} | {ratio} | "
+        print(f"| {variant} | {rate(median)} | {', '.join(rate(s) for s in speeds)} | {ratio} | "
               f"{statistics.median(r[2] / r[1] for r in runs):,.0f} | {statistics.median(r[3] / r[1] for r in runs):,.0f} | "
               f"{', '.join(r[4].split('/')[0] for r in runs)} |", flush=True)
 
