@@ -68,11 +68,11 @@ EMPTY_TURN_ROLLOUTS = [*ROLLOUTS[:3], ("g1", 0.0, [ROLLOUTS[3][2][0], ("", "<too
 
 def long_rollouts() -> list:
     """Rows of 4-6 turns after a long tools prompt (BFCL-shaped: the prompt is most of each prefix)."""
-    tools = " ".join(f'{{"name": "tool_{k}", "parameters": {{"x": "int", "y": "str"}}}}' for k in range(40))
+    tools = " ".join(f'{{"name": "tool_{k}", "parameters": {{"x": "int", "y": "str"}}}}' for k in range(8))
     rows = []
     for k, turns in enumerate((4, 5, 6, 4, 6, 5)):
         pieces = [(f'<tool_call>{{"name": "tool_{j}", "arguments": {{"x": {k * j}, "y": "step {j} of row {k}"}}}}</tool_call>',
-                   f"<tool_response>result {j}: {k * j * 7} units, status ok</tool_response>") for j in range(turns - 1)]
+                   f"<tool_response>result {j}: {k * j * 7} units, status ok; " + "detail " * 40 + "</tool_response>") for j in range(turns - 1)]
         rows.append((f"g{k // 3}", float(k % 3) / 2, pieces + [(f"Done after {turns} turns: {k * 11}.", None)]))
     return rows, {"g0": f"system: tools {tools}\nuser: Solve task A.\nassistant: ",
                   "g1": f"system: tools {tools}\nuser: Solve task B.\nassistant: "}

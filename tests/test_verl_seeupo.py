@@ -123,7 +123,7 @@ def test_count_tokens_verl_feeds_each_pool_its_prefix_only():
     kit = float(printed(out, "kit SeeUPO tokens fed / exact floor").split()[0])
     before = float(printed(out, "verl before trimming (whole rows in every call) / exact floor").split()[0])
     assert verl <= 1.1 and kit <= 1.1
-    assert before > 1.3  # the control: whole rows in every call, as before
+    assert before > 1.2  # the control: whole rows in every call, as before
 
 
 @pytest.mark.slow
