@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import textwrap
 import threading
 import time
@@ -167,7 +168,8 @@ def test_appworld_gvisor_grades_the_ground_truth_solution_as_a_success(gvisor_pa
 def test_appworld_gvisor_no_file_under_proc_or_sys_follows_a_concurrent_sandboxs_activity(gvisor_pair):
     """Sandbox A idle and busy in turns (memory, scratch files, CPU, forks, Unix sockets);
     sandbox B reads every file it can under /proc and /sys at the start and end of each turn.
-    No file changes in every busy turn and no idle one. The control: the host's /proc sees A's
+    No file changes in every busy turn and no idle one, but the scheduler's counters of B's own
+    running (as in tests/test_appworld_isolation.py). The control: the host's /proc sees A's
     scratch file come and go."""
     import test_appworld_isolation as isolation
 
@@ -209,7 +211,11 @@ def test_appworld_gvisor_no_file_under_proc_or_sys_follows_a_concurrent_sandboxs
     pairs = [set(paths) for paths in report["pairs"]]
     in_every_busy = set.intersection(*(paths for phase, paths in zip(isolation.PHASES, pairs) if phase == "B"))
     in_an_idle = set.union(*(paths for phase, paths in zip(isolation.PHASES, pairs) if phase == "I"))
-    assert not sorted(in_every_busy - in_an_idle), f"B's files followed A's activity: {sorted(in_every_busy - in_an_idle)}"
+    # Except the counters of B's own running (its processes' and its kernel's /proc/stat, status):
+    # the CPU-contention timing channel, measured by scripts/sandbox_channel_capacity.py.
+    scheduler = re.compile(isolation.SCHEDULER)
+    follows_a = sorted(path for path in in_every_busy - in_an_idle if not scheduler.search(path))
+    assert not follows_a, f"B's files followed A's activity: {follows_a[:40]}"
 
 
 def test_appworld_gvisor_sandbox_dies_whole_with_its_server():
