@@ -18,7 +18,7 @@ import torch
 
 from seeupo_gym.agents.backends import SamplingParams
 from seeupo_gym.agents.backends.hf import sample_next
-from seeupo_gym.agents.backends.kv_rows import join_rows
+from seeupo_gym.agents.backends.kv_rows import forward, join_rows
 from seeupo_gym.agents.models import load_model
 
 
@@ -37,7 +37,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         prompt = torch.randint(0, model.config.vocab_size, (1, args.context), generator=generator)
-        layers = [(layer.keys, layer.values) for layer in model(input_ids=prompt, use_cache=True, logits_to_keep=1).cache.layers]
+        _, prompt_cache = forward(model, None, input_ids=prompt, logits_to_keep=1)
+        layers = [(layer.keys, layer.values) for layer in prompt_cache.layers]
         one_row = None
         for rows in (int(r) for r in args.rows.split(",")):
             cache, mask = join_rows([layers] * rows)
@@ -47,10 +48,10 @@ def main() -> None:
             for _ in range(args.steps):
                 mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
                 start = time.perf_counter()
-                out = model(input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
-                token, _ = sample_next(out.logits[:, -1, :], sampling, generator)
+                logits, cache = forward(model, cache, input_ids=token.unsqueeze(-1), attention_mask=mask, position_ids=position)
+                token, _ = sample_next(logits[:, -1, :], sampling, generator)
                 seconds.append(time.perf_counter() - start)
-                cache, position = out.cache, position + 1
+                position = position + 1
             step = statistics.median(seconds)
             one_row = one_row or step
             print(
