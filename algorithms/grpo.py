@@ -63,23 +63,8 @@ class GRPO(Algorithm):
             def loss(part, new, values):
                 # A_i broadcast to every response token of the sample.
                 token_advantages = core.per_sample(advantages, part, new.logprobs).unsqueeze(1).expand_as(new.logprobs)
-                kept, is_weights = options.corrected(step, part, new)
-                return core.token_policy_loss(
-                    kept,
-                    core.old_or_detached(old, part, new.logprobs),
-                    token_advantages,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    clip_ratio_c=cfg.clip_ratio_c,
-                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                    loss_agg=cfg.loss_agg,
-                    totals=totals.part(part),
-                    loss_scale_factor=cfg.loss_scale_factor,
-                    rollout_is_weights=is_weights,
-                    entropy_coeff=cfg.entropy_coeff,
-                )
+                return options.token_loss(cfg, step, part, new, core.old_or_detached(old, part, new.logprobs),
+                                          token_advantages, ref, totals)
 
             steps.append(options.minimize(learner, minibatch, loss, cfg))
 

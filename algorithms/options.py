@@ -146,6 +146,32 @@ def corrected(step: StepInputs, part: Sequence[TurnSample], new: TokenLogprobs) 
     return masked, core.gather(step.correction.weights, part, new.logprobs).detach()
 
 
+def token_loss(
+    cfg: Any, step: StepInputs, part: Sequence[TurnSample], new: TokenLogprobs, old_logprobs: torch.Tensor,
+    token_advantages: torch.Tensor, ref: Any, totals: core.Totals,
+) -> tuple[torch.Tensor, Any]:
+    """The token-level clipped surrogate (+ KL, entropy) of GRPO, PPO and the turn-credit methods with the
+    config's clip, KL, aggregation and correction options. `old_logprobs` and `token_advantages` are [n, L]
+    like `new.logprobs`; `totals` is the minibatch's (`totals(step, minibatch)`)."""
+    kept, is_weights = corrected(step, part, new)
+    return core.token_policy_loss(
+        kept,
+        old_logprobs,
+        token_advantages,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+        kl_coef=cfg.kl_coef,
+        kl_estimator=cfg.kl_estimator,
+        loss_agg=cfg.loss_agg,
+        totals=totals.part(part),
+        loss_scale_factor=cfg.loss_scale_factor,
+        rollout_is_weights=is_weights,
+        entropy_coeff=cfg.entropy_coeff,
+    )
+
+
 def sequence_weights(
     new: TokenLogprobs, masked: TokenLogprobs, token_weights: torch.Tensor | None, step: StepInputs, part_totals: core.Totals
 ) -> torch.Tensor | None:

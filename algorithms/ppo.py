@@ -123,23 +123,9 @@ class PPO(Algorithm):
             totals = options.totals(step, minibatch)
 
             def loss(part, new, values):
-                new, is_weights = options.corrected(step, part, new)
-                policy_loss, stats = core.token_policy_loss(
-                    new,
-                    core.gather(old, part, new.logprobs),
-                    core.gather(advantages, part, new.logprobs),
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    clip_ratio_c=cfg.clip_ratio_c,
-                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                    loss_agg=cfg.loss_agg,
-                    totals=totals.part(part),
-                    loss_scale_factor=cfg.loss_scale_factor,
-                    rollout_is_weights=is_weights,
-                    entropy_coeff=cfg.entropy_coeff,
-                )
+                policy_loss, stats = options.token_loss(cfg, step, part, new, core.gather(old, part, new.logprobs),
+                                                        core.gather(advantages, part, new.logprobs), ref, totals)
+                new, _ = options.corrected(step, part, new)  # the value loss counts the kept tokens too
                 value_loss = core.clipped_value_loss(
                     values,
                     core.gather(old_values, part, values),

@@ -89,23 +89,8 @@ class TurnAdvantageAlgorithm(Algorithm):
                 per_turn = torch.tensor(
                     [advantages[core.sample_key(s)] for s in part], dtype=new.logprobs.dtype, device=new.logprobs.device
                 )
-                kept, is_weights = options.corrected(step, part, new)
-                policy_loss = core.token_policy_loss(
-                    kept,
-                    core.old_or_detached(old, part, new.logprobs),
-                    per_turn.unsqueeze(1).expand_as(new.logprobs),
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    clip_ratio_c=cfg.clip_ratio_c,
-                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                    loss_agg=cfg.loss_agg,
-                    totals=totals.part(part),
-                    loss_scale_factor=cfg.loss_scale_factor,
-                    rollout_is_weights=is_weights,
-                    entropy_coeff=cfg.entropy_coeff,
-                )
+                policy_loss = options.token_loss(cfg, step, part, new, core.old_or_detached(old, part, new.logprobs),
+                                                 per_turn.unsqueeze(1).expand_as(new.logprobs), ref, totals)
                 if returns is None:
                     return policy_loss
                 policy, stats = policy_loss
