@@ -20,6 +20,7 @@ time (the module, its prefix cache and its training mode are shared).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from concurrent.futures import Future
@@ -89,6 +90,8 @@ class HFEngine(EngineThread):
         self.peak_rows = 0
         self._was_training = False  # the module's mode before the current burst of requests
         self._one_at_a_time = False  # set when the model's KV cache cannot be joined row-wise
+        if backend._device.type == "cuda":
+            _warn_slow_on_cuda()
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         check_prompts([prompt])
@@ -269,6 +272,15 @@ class HFEngine(EngineThread):
             token[index] = picked
             token_logprob[index] = picked_logprob.float()
         return token, token_logprob
+
+
+@functools.cache
+def _warn_slow_on_cuda() -> None:
+    # Measured on an H200 (docs/performance.md, "Generation on CPU"): a fixed cost of seconds per round
+    # not found yet. Said once per process, with the settings that avoid it.
+    logger.warning("HF continuous batching on CUDA ran at 0.04-0.19x plain `generate` on an H200 (cause not "
+                   "found yet, docs/performance.md): for GPU rollouts use generation.backend=vllm, or "
+                   "env.schedule=lockstep (HFBackend.generate, 1.03x plain generate there)")
 
 
 def _uniforms(rows: list[_Request], sampling: SamplingParams, device: torch.device) -> torch.Tensor | None:
