@@ -211,9 +211,11 @@ def test_appworld_gvisor_no_file_under_proc_or_sys_follows_a_concurrent_sandboxs
     pairs = [set(paths) for paths in report["pairs"]]
     in_every_busy = set.intersection(*(paths for phase, paths in zip(isolation.PHASES, pairs) if phase == "B"))
     in_an_idle = set.union(*(paths for phase, paths in zip(isolation.PHASES, pairs) if phase == "I"))
-    # Except the counters of B's own running (its processes' and its kernel's /proc/stat, status):
-    # the CPU-contention timing channel, measured by scripts/sandbox_channel_capacity.py.
-    scheduler = re.compile(isolation.SCHEDULER)
+    # Except the counters of B's own running (its processes' and its kernel's /proc/stat, status) and
+    # its own kernel's Unix socket table (only B's sockets: the state of its control connection moves
+    # with how soon the host answers, under load): the CPU-contention timing channel, measured by
+    # scripts/sandbox_channel_capacity.py (seen once in 6 runs at load 16: `/proc/21/task/22/net/unix`).
+    scheduler = re.compile(isolation.SCHEDULER + r"|/net/unix$")
     follows_a = sorted(path for path in in_every_busy - in_an_idle if not scheduler.search(path))
     assert not follows_a, f"B's files followed A's activity: {follows_a[:40]}"
 
