@@ -15,7 +15,7 @@ The server is not trusted: every answer is bounded (`max_message_bytes`, after p
 or gzip decompression too) and checked (the observation in its space, a finite reward of at most
 `MAX_ABS_REWARD` in size, boolean `terminated`/`truncated`, a dict info; strings made valid
 Unicode) before the caller sees it. Every wait has a whole-answer deadline: the description
-(`GET /seeupo/env`) within `connect_timeout_s` in all, however slowly its bytes come; each reset
+(`GET /seeupo/env`) within 1.5 x `connect_timeout_s` in all, however slowly its bytes come; each reset
 or step answer within `timeout_s`. The client keeps the env's own turn limit (`max_turns` of the
 agreed kwargs) whatever the server says: a step that reaches it without the episode ending is a
 `RemoteEnvError`. The token goes only to `url` (WebSocket redirects to another origin drop it;
@@ -38,7 +38,6 @@ import contextlib
 import json
 import math
 import os
-import threading
 import time
 import zlib
 from typing import Any, Mapping
@@ -114,9 +113,10 @@ def _checked_info(info: Any, source: str) -> dict[str, Any]:
     return _valid_strings(info)
 
 
-def _bounded_json(response: Any, limit: int, source: str, deadline: float = math.inf) -> Any:
+def _bounded_json(response: Any, limit: int, source: str, deadline: float = math.inf,
+                  late: Exception | None = None) -> Any:
     """The JSON body of a streamed httpx response, read raw and decompressed by us, each at most
-    `limit` bytes; reading stops at `deadline` (`time.monotonic()`)."""
+    `limit` bytes; reading stops at `deadline` (`time.monotonic()`), raising `late` if given."""
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip"):
         raise RemoteEnvError(f"{source} sent a body encoded as {encoding!r:.40}; expected identity or gzip")
@@ -126,7 +126,7 @@ def _bounded_json(response: Any, limit: int, source: str, deadline: float = math
         if len(raw) > limit:
             raise RemoteEnvError(f"{source} sent a body over {limit} bytes")
         if time.monotonic() > deadline:
-            raise RemoteEnvError(f"{source} did not finish its answer in time ({len(raw)} bytes so far)")
+            raise late or RemoteEnvError(f"{source} did not finish its answer in time ({len(raw)} bytes so far)")
     body = bytes(raw)
     if encoding == "gzip":
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -185,7 +185,7 @@ class RemoteEnv(gym.Env[str, str]):
         env_id, env_kwargs: what the caller expects the server to serve (None: whatever it serves).
         token: sent as `Authorization: Bearer <token>` to `url` only (default `$SEEUPO_SERVE_TOKEN`).
         timeout_s: longest wait for one answer (an AppWorld step can take its code timeout).
-        connect_timeout_s: longest wait to reach the server and read its description, in all.
+        connect_timeout_s: longest wait to reach the server; its description is read within 1.5 x this in all.
         max_message_bytes: largest answer accepted (a WebSocket message, decompressed); an
             episode's info carries its whole conversation, hence the generous default.
     """
@@ -225,34 +225,25 @@ class RemoteEnv(gym.Env[str, str]):
         self._connection = contextlib.ExitStack()
 
     def _describe(self) -> dict[str, Any]:
-        """The server's description, read within `connect_timeout_s` in all: httpx's timeout bounds
-        each read only, so a server dripping its body is cut by the clock here (the reading thread
-        stops at its next byte or read timeout)."""
+        """The server's description, read within 1.5 x `connect_timeout_s` in all: httpx bounds each
+        read (half the timeout here) and the clock is checked between reads, so a server dripping
+        its body is cut. Read in the calling thread: this runs in forked vector-env workers, where a
+        helper thread could meet a lock another thread held at the fork."""
         import httpx
 
         deadline = time.monotonic() + self.connect_timeout_s
-        outcome: dict[str, Any] = {}
-
-        def read() -> None:
-            try:
-                with httpx.stream("GET", f"{self.url}/seeupo/env", headers={**self._headers, "Accept-Encoding": "gzip"},
-                                  timeout=self.connect_timeout_s, follow_redirects=False) as answer:
-                    answer.raise_for_status()
-                    outcome["served"] = _bounded_json(answer, MAX_DESCRIPTION_BYTES, self._source, deadline)
-            except httpx.HTTPError as error:
-                outcome["error"] = RemoteEnvError(f"cannot reach the env server at {self.url}: {error}")
-            except Exception as error:  # noqa: BLE001  handed to the caller's thread below
-                outcome["error"] = error
-
-        reader = threading.Thread(target=read, name="seeupo-remote-describe", daemon=True)
-        reader.start()
-        reader.join(self.connect_timeout_s)
-        if reader.is_alive():
-            raise RemoteEnvError(f"the env server at {self.url} did not describe its env within "
-                                 f"connect_timeout_s={self.connect_timeout_s:g} s")
-        if "error" in outcome:
-            raise outcome["error"]
-        served = outcome.get("served")
+        late = RemoteEnvError(f"the env server at {self.url} did not describe its env within "
+                              f"connect_timeout_s={self.connect_timeout_s:g} s")
+        timeout = httpx.Timeout(self.connect_timeout_s, read=self.connect_timeout_s / 2)
+        try:
+            with httpx.stream("GET", f"{self.url}/seeupo/env", headers={**self._headers, "Accept-Encoding": "gzip"},
+                              timeout=timeout, follow_redirects=False) as answer:
+                answer.raise_for_status()
+                served = _bounded_json(answer, MAX_DESCRIPTION_BYTES, self._source, deadline, late)
+        except httpx.ReadTimeout:
+            raise late from None
+        except httpx.HTTPError as error:
+            raise RemoteEnvError(f"cannot reach the env server at {self.url}: {error}") from error
         fields = {"env_id": str, "env_kwargs": dict, "task_ids": list, "observation_space": dict, "action_space": dict}
         if not isinstance(served, dict) or any(not isinstance(served.get(k), t) for k, t in fields.items()):
             raise RemoteEnvError(f"{self._source} describes its env without {sorted(fields)}: {str(served)[:200]}")
