@@ -524,6 +524,7 @@ def measuring_alongside(turn: int, extra: Sequence[TurnSample], old: dict[Sample
         result, stats = loss_share(loss([part[j] for j in rows], select_rows(new, rows), ratios))
         return result, {**stats, **{_RATIO_PREFIX + rid: ratio for rid, ratio in ratios.items()}}
 
+    share.scored_alongside = tuple(extra)  # measured, not trained on (`budget.CountingLearner`)
     return share
 
 
