@@ -6,7 +6,26 @@ cheap: nothing heavy (bfcl-eval, httpx servers, torch) is imported until `gym.ma
 
 from __future__ import annotations
 
+import os
+
 from gymnasium.envs.registration import register, registry
+
+
+def _checkout_layers() -> None:
+    """In the repository, agents/ and algorithms/ sit beside this folder; an install puts them
+    inside it (pyproject's package-dir). Imported straight from a checkout (the root on sys.path:
+    `python -c` from the root shadows a regular install), the root joins this package's path so
+    that `seeupo_gym.agents` and `seeupo_gym.algorithms` still resolve, never as top-level names."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if any(os.path.isdir(os.path.join(here, layer)) for layer in ("agents", "algorithms")):
+        return  # installed: the layers are inside
+    beside = all(os.path.isfile(os.path.join(root, layer, "__init__.py")) for layer in ("agents", "algorithms"))
+    if beside and os.path.isfile(os.path.join(root, "pyproject.toml")) and root not in __path__:
+        __path__.append(root)
+
+
+_checkout_layers()
 
 from seeupo_gym.spaces import UnicodeText
 

@@ -1,5 +1,22 @@
+import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_free_python(folder: Path) -> Path:
+    """This interpreter with its packages but not this project: a venv whose site-packages reads this
+    one's through a .pth path line (the editable install's finder, itself started by a .pth, never runs)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "without-project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
 
 
 def test_importing_seeupo_gym_pulls_in_nothing_heavy():
@@ -28,6 +45,42 @@ def test_the_three_layers_import_under_the_seeupo_gym_namespace():
     subprocess.run([sys.executable, "-c", "import seeupo_gym.agents, seeupo_gym.training.trainer"], check=True)
 
 
+IMPORT_LAYERS = (
+    "import sys, seeupo_gym.agents, seeupo_gym.algorithms\n"
+    "assert 'agents' not in sys.modules and 'algorithms' not in sys.modules, 'a layer became a top-level name'\n"
+    "print(seeupo_gym.agents.__file__, seeupo_gym.algorithms.__file__)"
+)
+
+
+def test_from_the_checkout_root_the_layers_import_under_seeupo_gym_without_an_install(tmp_path):
+    python = project_free_python(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # control: this interpreter has no seeupo_gym of its own
+    outside = subprocess.run([str(python), "-c", "import seeupo_gym"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert outside.returncode == 1 and "No module named 'seeupo_gym'" in outside.stderr
+    inside = subprocess.run([str(python), "-c", IMPORT_LAYERS], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert inside.returncode == 0, inside.stderr[-2000:]
+    assert inside.stdout.split() == [str(ROOT / "agents" / "__init__.py"), str(ROOT / "algorithms" / "__init__.py")]
+
+
+def test_an_installed_layout_keeps_its_own_layers_beside_a_top_level_agents(tmp_path):
+    # site-packages as a wheel leaves it, beside openai-agents' top-level `agents` (and a stray pyproject.toml)
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "seeupo_gym", site / "seeupo_gym", ignore=shutil.ignore_patterns("__pycache__"))
+    for layer in ("agents", "algorithms"):
+        (site / "seeupo_gym" / layer).mkdir()
+        (site / "seeupo_gym" / layer / "__init__.py").write_text("")
+        (site / layer).mkdir()
+        (site / layer / "__init__.py").write_text("raise ImportError('the other package')")
+    (site / "pyproject.toml").write_text("")
+    python = project_free_python(tmp_path / "venv")
+    result = subprocess.run([str(python), "-c", IMPORT_LAYERS], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(site / "seeupo_gym" / "agents" / "__init__.py"),
+                                     str(site / "seeupo_gym" / "algorithms" / "__init__.py")]
+
+
 def test_pyproject_lists_every_package_folder():
     import tomllib
     from pathlib import Path
@@ -41,7 +94,9 @@ def test_pyproject_lists_every_package_folder():
         for top in folders
         for init in (root / top).rglob("__init__.py")
     }
-    data_folders = {"seeupo_gym.agents.assets.qwen2_tokenizer", "seeupo_gym.training.presets"}  # no __init__.py
+    # no __init__.py
+    data_folders = {"seeupo_gym.agents.assets.qwen2_tokenizer", "seeupo_gym.training.presets",
+                    "seeupo_gym.integrations.verl.config", "seeupo_gym.integrations.verl.config.experiment"}
     assert found | data_folders == listed
 
 
