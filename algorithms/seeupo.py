@@ -53,6 +53,7 @@ import torch
 
 from seeupo_gym.algorithms import core, options
 from seeupo_gym.algorithms.base import Algorithm, Learner, UpdatePhase, register_algorithm
+from seeupo_gym.algorithms.budget import UpdateBudget, minibatch_cut
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
 
 ORDERS = ("reverse", "natural", "random")
@@ -107,6 +108,15 @@ def update_order(max_turns: int, order: str, generator: torch.Generator) -> list
 class SeeUPO(Algorithm):
     config_class = SeeUPOConfig
     config: SeeUPOConfig
+
+    def budget(self, batch: RolloutBatch, generator: torch.Generator | None = None) -> UpdateBudget | None:
+        # Epochs x minibatches on each non-empty pool D_t, in any order; a pool holds one sample per
+        # trajectory, so its cut does not depend on the shuffle. The ratios measured inside a gradient
+        # pass are not trained on (`budget.CountingLearner`).
+        batch = self.selected(batch)
+        pools = [batch.turn_pool(t) for t in range(1, batch.max_turns + 1)]
+        cuts = [minibatch_cut(pool, self.config.minibatch_size, self.config.epochs) for pool in pools if pool]
+        return sum(cuts, UpdateBudget())  # type: ignore[arg-type]
 
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
@@ -194,3 +204,7 @@ class SeeUPO(Algorithm):
         metrics.update(m_mean=float(final_m.mean()), m_abs_max=float(final_m.abs().max()) if len(final_m) else 0.0)
         metrics["turn_pools"] = float(len(pools))
         return {**metrics, **step.metrics}
+
+
+# The authors' variant (`seeupo_authors`) is built on this class and registers with it.
+from seeupo_gym.algorithms import seeupo_authors  # noqa: E402,F401
