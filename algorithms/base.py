@@ -27,11 +27,14 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence, TypeVar, Union
 
 import torch
 
 from seeupo_gym.algorithms.rollout import RolloutBatch, TurnSample
+
+if TYPE_CHECKING:
+    from seeupo_gym.algorithms.budget import UpdateBudget
 
 
 @dataclass
@@ -292,6 +295,28 @@ class Algorithm(ABC):
         self.schedule.append(phase)
         if self.on_phase is not None:
             self.on_phase(phase)
+
+    def selected(self, batch: RolloutBatch) -> RolloutBatch:
+        """The trajectories of `batch` that `update` learns from (`selection`)."""
+        from seeupo_gym.algorithms.core import select_for_update  # core imports this module
+
+        selection = self.selection or UpdateSelection()
+        return select_for_update(batch, truncated=selection.truncated, drop_flat_groups=selection.drop_flat_groups)[0]
+
+    def budget(self, batch: RolloutBatch, generator: torch.Generator | None = None) -> "UpdateBudget | None":
+        """What `update(batch, ...)` will spend (`budget.UpdateBudget`: optimizer steps, gradient passes,
+        gradient tokens), from the batch and the config alone, without a learner.
+
+        The default is a single-phase update's: `epochs` passes over the selected samples in
+        `core.minibatches`' cut, one optimizer step per minibatch. An algorithm that updates otherwise
+        overrides it (SeeUPO: per turn pool) or returns None where it cannot say (a comparison then reads
+        the count of `budget.CountingLearner`); tests/test_budget.py holds every registered algorithm to
+        its prediction. generator: one in the state `update` will get (copied, never advanced), needed
+        only where the cut depends on the shuffle (`budget.minibatch_cut`).
+        """
+        from seeupo_gym.algorithms.budget import minibatch_cut
+
+        return minibatch_cut(self.selected(batch).samples(), self.config.minibatch_size, self.config.epochs, generator)
 
     @abstractmethod
     def update(self, batch: RolloutBatch, learner: Learner, generator: torch.Generator) -> dict[str, float]:

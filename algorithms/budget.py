@@ -63,6 +63,31 @@ def minibatch_budget(minibatches: Sequence[Sequence[TurnSample]]) -> UpdateBudge
     return UpdateBudget(len(minibatches), len(minibatches), sum(response_tokens(m) for m in minibatches))
 
 
+def minibatch_cut(
+    samples: Sequence[TurnSample], size: int, epochs: int, generator: torch.Generator | None = None
+) -> UpdateBudget | None:
+    """The budget of `epochs` passes over `samples` in `core.minibatches`' cut, one optimizer step per
+    minibatch: the single-phase update's.
+
+    The number of minibatches depends on the shuffle only where whole trajectories of different
+    lengths are cut into more than one minibatch; there a `generator` in the state the update will
+    get (copied here, never advanced) gives the exact count, and without one the answer is None.
+    """
+    from seeupo_gym.algorithms import core  # core imports base, which imports this module lazily
+
+    if generator is not None:
+        replay = torch.Generator()
+        replay.set_state(generator.get_state())
+        return minibatch_budget(list(core.minibatches(samples, size, epochs, replay)))
+    lengths: dict[str, int] = {}
+    for sample in samples:
+        lengths[sample.rollout_id] = lengths.get(sample.rollout_id, 0) + 1
+    if len(samples) > size and len(set(lengths.values())) > 1:
+        return None
+    one_pass = list(core.minibatches(samples, size, 1, torch.Generator().manual_seed(0)))
+    return minibatch_budget(one_pass).times(epochs)
+
+
 def _key(sample: TurnSample) -> tuple[str, int]:
     return (sample.rollout_id, sample.t)
 
