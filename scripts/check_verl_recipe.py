@@ -76,8 +76,7 @@ def platforms() -> list[str]:
 
 
 def pip_command(requirements: Path, report: Path, wheels: Path) -> list[str]:
-    command = [sys.executable, "-m", "pip", "install", "--isolated", "--index-url", "https://pypi.org/simple",
-               "--find-links", str(wheels), "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+    command = [sys.executable, "-m", "pip", "install", "--isolated", "--find-links", str(wheels), "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
                "--python-version", PYTHON_VERSION, "--implementation", "cp", "--only-binary=:all:"]
     for tag in platforms():
         command += ["--platform", tag]
@@ -93,8 +92,7 @@ def resolve(report: Path, timeout: float) -> tuple[dict[str, str], float]:
         started = time.perf_counter()
         wheels = Path(folder) / "wheels"
         for name in SOURCE_ONLY:
-            built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--isolated", "--index-url",
-                                    "https://pypi.org/simple", "--no-deps", "--quiet", "-w", str(wheels),
+            built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--isolated", "--no-deps", "--quiet", "-w", str(wheels),
                                     f"{name}=={pins[name]}"], capture_output=True, text=True, timeout=timeout)
             if built.returncode != 0:
                 raise SystemExit(f"verl recipe: could not build {name}=={pins[name]}: {built.stderr.strip()[-300:]}")

@@ -5,13 +5,16 @@
 # table: part, status, seconds, key figure. A part that fails does not stop the next.
 #
 #   bash scripts/gpu_check.sh                   # on the GPU machine, from the repository root
-#   bash scripts/gpu_check.sh --dry-run         # the same parts on CPU at toy sizes, with .venv
+#   bash scripts/gpu_check.sh --dry-run         # the same parts on CPU at toy sizes (needs .venv)
 #   bash scripts/gpu_check.sh --parts install,imports,tests    # a subset
 #
 # Options: --wheels DIR (default gpu-wheels, or $GPU_CHECK_WHEELS), --out DIR (default /tmp/gpu-check,
 # or $OUT: logs, the table as table.md), --budget S (default 480: a part that would start with less
-# than 20 s left is skipped). PY=... picks the interpreter (default python3; .venv/bin/python in dry run).
-# Exit status 0 when no part failed or ran out of time.
+# than 20 s left is skipped). PY=... picks the interpreter (default python3). The dry run takes the
+# real path: it builds this tree's wheel, installs it (with the bundle's other wheels, if built) into a
+# fresh --target, and runs every part from the repository root with PY, by default .venv's packages
+# without the project (a venv of .venv's interpreter that reads .venv's site-packages through a .pth
+# line, so the editable install's finder never loads). Exit status 0 when no part failed or ran out of time.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,8 +32,22 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ $dry = 1 ]; then PY=${PY:-$root/.venv/bin/python}; else PY=${PY:-python3}; fi
+case ",$parts," in *,install,*) ;; *) parts=install,$parts ;; esac  # every other part needs the install
 mkdir -p "$out"; out=$(cd "$out" && pwd); rm -f "$out"/*.log "$out/table.tsv"
+cd "$root"  # the real run's directory: parts that import the project do it from the repository root
+if [ $dry = 1 ] && [ -z "${PY:-}" ]; then
+  [ -x "$root/.venv/bin/python" ] || { echo "gpu check: the dry run needs .venv (make venv), or PY=<a python with torch, transformers, accelerate>" >&2; exit 2; }
+  # .venv's packages without the project: its editable finder is started by a .pth that a path line
+  # in another .pth does not run.
+  rm -rf "$out/python" && "$root/.venv/bin/python" -m venv --without-pip "$out/python" &&
+    "$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+      "$("$out/python/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/venv-without-project.pth" ||
+    { echo "gpu check: could not make a project-free view of .venv in $out/python" >&2; exit 2; }
+  PY=$out/python/bin/python
+  (cd / && "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('seeupo_gym') is not None)") ||
+    { echo "gpu check: $PY still imports seeupo_gym outside the checkout" >&2; exit 2; }
+fi
+PY=${PY:-python3}
 export PY out
 T0=$(date +%s)
 
@@ -90,23 +107,32 @@ skip() {
   case ",$parts," in *",$1,"*) row "$1" skip 0 "$2" ;; esac
 }
 
-# install: the carried wheels into a private site folder, nothing from the network.
-site=$out/site; export site wheels
+# install: the carried wheels into a fresh private site folder, nothing from the network. The dry run
+# builds this tree's wheel (offline, from a copy: nothing is written into the checkout) and installs it
+# with the bundle's other pure-Python wheels when there is a bundle, .venv's packages standing in for the rest.
+site=$out/site; rm -rf "$site"; export site wheels
 if [ $dry = 1 ]; then
-  skip install "dry run: the project's .venv"
-elif ls "$wheels"/*.whl >/dev/null 2>&1; then
-  install_wheels() {
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl &&
-      echo "installed $(ls "$wheels"/*.whl | wc -l) wheels, $(du -sm "$wheels" | cut -f1) MiB"
-  }
-  part install 120 install_wheels
-  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-else
-  skip install "no wheels in $wheels: using what $PY has"
+  bundle=$out/wheels; rm -rf "$bundle" "$out/src"; mkdir -p "$bundle" "$out/src"
+  tar -C "$root" --exclude=__pycache__ -cf - seeupo_gym agents algorithms pyproject.toml README.md LICENSE | tar -C "$out/src" -xf - &&
+    "$root/.venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check -w "$bundle" "$out/src" \
+      > "$out/build.log" 2>&1 ||
+    { tail -5 "$out/build.log" >&2; echo "gpu check: building this tree's wheel failed (log: $out/build.log)" >&2; exit 2; }
+  # the bundle's pure-Python wheels (its compiled ones are for the GPU image's CPython 3.12)
+  for w in "$wheels"/*-none-any.whl; do case $w in */seeupo_gym-*|*"/*-none-any.whl") ;; *) cp "$w" "$bundle/" ;; esac; done
+  wheels=$bundle
+elif ! ls "$wheels"/*.whl >/dev/null 2>&1; then
+  echo "gpu check: no wheels in $wheels; build them where there is network (bash scripts/gpu_check_wheels.sh) and carry that folder" >&2
+  exit 2
 fi
+install_wheels() {
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target "$site" "$wheels"/*.whl &&
+    echo "installed $(ls "$wheels"/*.whl | wc -l) wheels, $(du -sm "$wheels" | cut -f1) MiB"
+}
+part install 120 install_wheels
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
 part imports 60 "$PY" -c "
-import importlib.util, torch, transformers, accelerate, peft, gymnasium, seeupo_gym
+import importlib.util, torch, transformers, accelerate, peft, gymnasium, seeupo_gym, seeupo_gym.algorithms, seeupo_gym.training.cli
 from seeupo_gym.agents.backends import HFBackend
 optional = [m for m in ('vllm', 'verl', 'pytest_timeout', 'xdist') if importlib.util.find_spec(m) is None]
 print(f'torch {torch.__version__} cuda={torch.cuda.is_available()} transformers {transformers.__version__} '

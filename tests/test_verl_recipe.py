@@ -147,8 +147,7 @@ def test_the_verl_side_runs_under_the_recipes_transformers(tmp_path):
 
     target = tmp_path / "site"
     pins = recipe.read_recipe()
-    subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--index-url", "https://pypi.org/simple",
-                    "--quiet", "--no-deps", "--target", str(target), f"transformers=={pins['transformers']}",
+    subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-deps", "--target", str(target), f"transformers=={pins['transformers']}",
                     *RESOLVED_BESIDE_TRANSFORMERS], check=True, timeout=600)
     # `kernels` is not in the recipe; a newer one in this venv breaks transformers 5.9's hub-kernels import.
     (target / "kernels").mkdir()
