@@ -1,23 +1,29 @@
 """GiGPO (group-in-group), transcribed from verl-agent's `compute_gigpo_outcome_advantage`.
 
-Source: langfengQ/verl-agent, gigpo/core_gigpo.py, `compute_gigpo_outcome_advantage` with
-`episode_norm_reward`, `build_step_group`, `step_norm_reward`. That repository is not in the search
-index this was written from; the function was read from a verbatim copy of the file in a fork found
-by its text (same signature, defaults and bodies), not from the paper.
+Source: langfengQ/verl-agent, commit 29e3e8b3e3412aff53b1e4a461dac77a8eec19bd (the last to touch the
+file), gigpo/core_gigpo.py, `compute_gigpo_outcome_advantage` with `episode_norm_reward`,
+`build_step_group`, `to_hashable`, `step_norm_reward` and `compute_step_discounted_returns`; read from
+that commit in a fork that carries the upstream history (vanzll/verl-agent), the upstream repository
+itself not being stored here.
 
 As that code computes it, per turn sample (a "row"; exact-match anchors, `enable_similarity` off):
 - episode term: every row of group g scores its trajectory's reward R_i; the baseline is the mean over
   the group's *rows* (`compute_mean_std_cross_steps=True`), so a trajectory weighs by its turn count
   and its own rows are in the mean. `mean_norm` (the function's default): R_i - mean; `mean_std_norm`:
   divided by (std + eps), torch's unbiased std. A group of one row: mean 0, std 1 (the term is R_i).
-- step term: each row's step reward is its discounted return G_t = r_t + gamma G_{t+1} (verl-agent's
-  `compute_step_discounted_returns`, gamma = 0.95 in its config); rows of one group with the same
-  anchor observation form a step group; G_t - its mean (`mean_std_norm`: / (std + eps)). A step group
-  of one row gets 0 (its mean is itself).
+- step term: each row's step reward is its discounted return G_t = r_t + gamma G_{t+1}
+  (`compute_step_discounted_returns`, gamma = 0.95 in its config); rows of one group whose anchor
+  observations are equal after `to_hashable` form a step group (a value is hashed as it is: 1, 1.0 and
+  True are one key as in a Python dict, "1" another; lists and tuples become tuples, dicts sorted
+  tuples, numpy arrays their flattened tuple); G_t - its mean (`mean_std_norm`: / (std + eps)). A step
+  group of one row gets 0 (its mean is itself).
 - A = episode + `step_advantage_w` x step.
-Anchor observation of turn t: `info["observations"][t-1]` when the trajectory carries them (the env's
-observation at that turn, as verl-agent's `anchor_obs`), else the turn's whole context (then only
-turns with identical histories share a step group).
+How our records map onto its inputs: r_t are `turn_credit.turn_rewards`; the anchor of turn t is
+`info["observations"][t-1]` when the trajectory carries them (the env's observation at that turn, as
+verl-agent's `anchor_obs`). Where ours departs: a trajectory without observations anchors each turn on
+its whole context (then only turns with identical histories share a step group); an observation
+`to_hashable` refuses (any other type) stops the update with a clear error, as there; float64 (the
+source is float32).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable
 
+import numpy as np
 import torch
 
 from seeupo_gym.algorithms import core
@@ -50,10 +57,25 @@ class GiGPOConfig(TurnCreditConfig):
             raise ValueError(f"gamma must lie in [0, 1], got {self.gamma}")
 
 
+def to_hashable(x: Any) -> Hashable:
+    """An observation as a dict key, as verl-agent's `to_hashable`: the value itself, not its text."""
+    if isinstance(x, (int, float, str, bool)):
+        return x
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return tuple(x.flatten())
+    if isinstance(x, (list, tuple)):
+        return tuple(to_hashable(e) for e in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, to_hashable(v)) for k, v in x.items()))
+    raise TypeError(f"GiGPO anchor observations must be numbers, strings, lists, dicts or arrays; got {type(x).__name__}")
+
+
 def anchor(sample: TurnSample) -> Hashable:
     observations: Any = sample.trajectory.info.get("observations")
     if observations is not None:
-        return ("obs", str(observations[sample.t - 1]))
+        return ("obs", to_hashable(observations[sample.t - 1]))
     return ("context", tuple(sample.turn.context_ids))
 
 

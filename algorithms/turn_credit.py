@@ -110,7 +110,16 @@ class TurnAdvantageAlgorithm(Algorithm):
 
 def _register_all() -> None:
     # The methods register themselves on import; `base._load_builtin_algorithms` imports this module.
-    from seeupo_gym.algorithms import broadcast, gigpo, mt_grpo, turn_gae  # noqa: F401
+    from seeupo_gym.algorithms import (  # noqa: F401
+        broadcast,
+        gigpo,
+        mt_grpo,
+        mt_grpo_atropos,
+        nemo_rl_turn_grpo,
+        prime_rl_turn_credit,
+        roll_step_reinforce,
+        turn_gae,
+    )
 
 
 _register_all()

@@ -12,6 +12,7 @@ from seeupo_gym.algorithms.base import available_algorithms, make_algorithm
 from seeupo_gym.algorithms.broadcast import rloo_advantages
 from seeupo_gym.algorithms.gigpo import gigpo_advantages
 from seeupo_gym.algorithms.mt_grpo import mt_grpo_advantages
+from seeupo_gym.algorithms.mt_grpo_atropos import mt_grpo_atropos_advantages
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.algorithms.tabular import TabularPolicy, expected_batch
 from seeupo_gym.algorithms.turn_gae import turn_level_gae
@@ -28,8 +29,14 @@ def _traj(rid: str, group: str, actions: list[int], reward: float, *, turn_rewar
     return Trajectory(group, group, rid, turns, reward, reward >= 1, info=info)
 
 
+CREDIT_METHODS = [
+    "gigpo", "mt_grpo", "mt_grpo_atropos", "broadcast", "turn_gae",
+    "prime_rl_turn_credit", "nemo_rl_turn_grpo", "roll_step_reinforce",
+]
+
+
 def test_every_credit_method_is_registered_by_name():
-    assert {"gigpo", "mt_grpo", "broadcast", "turn_gae"} <= set(available_algorithms())
+    assert set(CREDIT_METHODS) <= set(available_algorithms())
 
 
 def test_gigpo_episode_term_weighs_by_turns_and_step_term_by_anchor():
@@ -64,7 +71,37 @@ def test_gigpo_repeated_anchor_observations_join_step_groups_across_turn_indices
     assert adv[("a", 2)] == pytest.approx((1 / 3) / math.sqrt(1 / 3) + 0.25 / math.sqrt(0.125))
 
 
-def test_mt_grpo_normalizes_each_turn_index_with_padded_zeros_and_outcome_alone_on_the_last_turn():
+def test_mt_grpo_splits_after_the_first_turn_and_gives_one_turn_rollouts_the_combined_advantage():
+    # Group: a = 3 turns [1, 0, 1] (R=2), b = 1 turn [0] (R=0), c = 2 turns [1, 0.5] (R=1.5).
+    batch = RolloutBatch(
+        [
+            _traj("a", "g", [0, 0, 0], 2.0, turn_rewards=[1.0, 0.0, 1.0]),
+            _traj("b", "g", [1], 0.0, turn_rewards=[0.0]),
+            _traj("c", "g", [2, 2], 1.5, turn_rewards=[1.0, 0.5]),
+            _traj("d", "solo", [1, 1], 0.4, turn_rewards=[0.1, 0.3]),
+        ]
+    )
+    adv = mt_grpo_advantages(batch, turn_advantage_coef=0.5)
+
+    def normalized(x, mean, var):  # (x - mean) / (unbiased std + 1e-4)
+        return (x - mean) / (math.sqrt(var) + 1e-4)
+
+    # Turn reward r_1: (1, 0, 1), mean 2/3, unbiased var 1/3. Outcome R - r_1: (1, 0, 0.5), mean 0.5, var 1/4.
+    # Combined R: (2, 0, 1.5), mean 7/6, var ((5/6)^2 + (7/6)^2 + (1/3)^2) / 2.
+    turn_a = normalized(1, 2 / 3, 1 / 3)
+    outcome_a, outcome_c = normalized(1, 0.5, 0.25), normalized(0.5, 0.5, 0.25)
+    combined_var = ((5 / 6) ** 2 + (7 / 6) ** 2 + (1 / 3) ** 2) / 2
+    assert adv[("a", 1)] == pytest.approx(outcome_a + 0.5 * turn_a)
+    assert adv[("a", 2)] == adv[("a", 3)] == pytest.approx(outcome_a)
+    assert adv[("c", 1)] == pytest.approx(outcome_c + 0.5 * turn_a)
+    assert adv[("c", 2)] == pytest.approx(outcome_c)
+    # b has one turn: no result message in the source, so the combined advantage.
+    assert adv[("b", 1)] == pytest.approx(normalized(0, 7 / 6, combined_var))
+    # A group of one: std 0, every term r - r = 0.
+    assert adv[("d", 1)] == pytest.approx(0.0) and adv[("d", 2)] == pytest.approx(0.0)
+
+
+def test_mt_grpo_atropos_normalizes_each_turn_index_with_padded_zeros_and_outcome_alone_on_the_last_turn():
     # Group: a = 3 turns rewards [1, 0, 1] (R=1), b = 1 turn [0] (R=0), c = 2 turns [1, 0.5] (R=0.5).
     batch = RolloutBatch(
         [
@@ -74,7 +111,7 @@ def test_mt_grpo_normalizes_each_turn_index_with_padded_zeros_and_outcome_alone_
             _traj("d", "solo", [1, 1], 0.4, turn_rewards=[0.1, 0.3]),
         ]
     )
-    adv = mt_grpo_advantages(batch, lam=0.5)
+    adv = mt_grpo_atropos_advantages(batch, lam=0.5)
     # Outcome: (1, 0, 0.5), mean 0.5, population std sqrt(1/6).
     s = math.sqrt(1 / 6)
     outcome = {"a": 0.5 / s, "b": -0.5 / s, "c": 0.0}
@@ -90,6 +127,9 @@ def test_mt_grpo_normalizes_each_turn_index_with_padded_zeros_and_outcome_alone_
     assert adv[("c", 2)] == pytest.approx(outcome["c"])
     # A group of one: every std is 0 -> 1, every term r - r = 0.
     assert adv[("d", 1)] == pytest.approx(0.0) and adv[("d", 2)] == pytest.approx(0.0)
+    # The later version: the last turn too gets A^T + lambda A^O.
+    later = mt_grpo_atropos_advantages(batch, lam=0.5, last_turn_outcome_only=False)
+    assert later[("b", 1)] == pytest.approx((0 - 2 / 3) / t1 + 0.5 * outcome["b"])
 
 
 def test_broadcast_rloo_leaves_one_out_and_copies_to_every_turn():
@@ -120,7 +160,7 @@ def test_turn_level_gae_by_hand():
     assert adv[("a", 1)] == pytest.approx(1.2 - 0.5)
 
 
-@pytest.mark.parametrize("name", ["gigpo", "mt_grpo", "broadcast", "turn_gae"])
+@pytest.mark.parametrize("name", CREDIT_METHODS)
 def test_each_credit_method_raises_the_exact_return_on_follow(name):
     tasks = make_tasks("follow", num_tasks=3, seed=0, turns=(2, 3), options=3)
     policy = TabularPolicy(tasks, lr=0.5, optimizer="adam")
