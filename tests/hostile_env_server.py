@@ -16,7 +16,14 @@ describes itself as a default TurnBandit server and answers resets with a real T
 - refuse_reset: every reset is answered with an error (as seeupo-serve says a reset failed);
 - never_done: steps answered by the real env, but the episode never ends: past the env's own end
   (its turn limit, the last decision) each step answers done=false with one more user message;
-- huge_reward: every step's reward is 1e300 (finite, but inf once it is a float32).
+- huge_reward: every step's reward is 1e300 (finite, but inf once it is a float32);
+- reset_int_content, reset_str_tools: a reset's info holds a message whose content is a number, or
+  `tools` that is a string; step_no_messages: a step's info has no messages; huge_messages: a step's
+  info carries a 25 MB user message (the observation text stays in its space);
+- drip_status, drip_headers: the description's status line, or its headers, one byte per 0.5 s;
+  endless_continue: `100 Continue` answers, one per 0.5 s, never a final one;
+- declared_turns: the description declares `max_turns` 10**9 as its default, and the episode never
+  ends (as never_done).
 
 Sessions may set `action_format` at reset (as `seeupo-serve --session-kwargs action_format`), so
 TRL's adapter, which plays the tools format, can play it too.
@@ -142,10 +149,29 @@ def observation(text, reward, done, truncated, info) -> bytes:
     return json.dumps({"type": "observation", "data": data}).encode()
 
 
+def drip(conn: socket.socket, data: bytes, every_s: float = 0.5) -> None:
+    for byte in data:
+        conn.sendall(bytes([byte]))
+        time.sleep(every_s)
+
+
 def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> None:
     path, headers = read_head(conn)
     mode, _, path = path.lstrip("/").partition("/")
     if path.startswith("seeupo/env"):
+        if mode == "drip_status":
+            return drip(conn, b"HTTP/1.1 200 OK\r\n" * 1000)
+        if mode == "drip_headers":
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            return drip(conn, b"X-Slow: " + b"a" * 10000)
+        if mode == "endless_continue":
+            while True:
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                time.sleep(0.5)
+        if mode == "declared_turns":
+            lying = json.loads(described)
+            lying["default_kwargs"]["max_turns"] = 10**9
+            return http_answer(conn, json.dumps(lying).encode())
         if mode == "gzip_bomb":
             return http_answer(conn, bombs["gzip"], "Content-Encoding: gzip\r\n")
         if mode == "drip_description":
@@ -195,11 +221,15 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
                 info = {**info, "messages": ["hello"]}
             elif mode == "reset_no_messages":
                 info = {k: v for k, v in info.items() if k != "messages"}
+            elif mode == "reset_int_content":
+                info = {**info, "messages": info["messages"][:-1] + [{"role": "user", "content": 5}]}
+            elif mode == "reset_str_tools":
+                info = {**info, "tools": "all of them"}
             send_frame(conn, observation(text, None, False, False, info))
             continue
         text, reward, terminated, truncated, info = env.step(message["data"]["response"])
         done = terminated or truncated
-        if mode == "never_done" and done:
+        if mode in ("never_done", "declared_turns") and done:
             reward, done, truncated = 0.0, False, False
             info = {**info, "messages": info["messages"] + [{"role": "user", "content": "Go on."}]}
             over = (text, info)
@@ -217,6 +247,10 @@ def serve(conn: socket.socket, described: bytes, bombs: dict[str, bytes]) -> Non
             text = "x" * (env.observation_space.max_length + 1)
         elif mode == "str_messages":
             info = {**info, "messages": info["messages"][:-1] + ["hello"]}
+        elif mode == "step_no_messages":
+            info = {k: v for k, v in info.items() if k != "messages"}
+        elif mode == "huge_messages":
+            info = {**info, "messages": info["messages"] + [{"role": "user", "content": "x" * (25 << 20)}]}
         elif mode == "str_tool_calls":
             info = {**info, "messages": info["messages"] + [{"role": "assistant", "content": "", "tool_calls": ["x"]}]}
         send_frame(conn, observation(text, reward, done, truncated, info))

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from seeupo_gym.integrations.row_kwargs import ROW_KWARGS, RowError, row_env_kwargs
 
@@ -175,11 +176,60 @@ def test_a_rows_episode_options_go_over_the_configs_kwargs(worker, tiny):
     assert output.batch["response_mask"].sum().item() == len(encode(tokenizer, ground_truth_script(TASKS[0])[0])) + 1
 
 
-def test_nan_or_inf_logprobs_are_refused_where_they_enter(worker):
-    for bad in (float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="logprobs that are not finite"):
-            run_rows(worker, DishonestServer(lambda p, bad=bad: TokenOutput(token_ids=[1, 2], log_probs=[-0.1, bad])),
-                     build_dataset(BFCL, TASKS[:1], **TOOLS))
+class BadLogprobsForOneSample(ScriptedServer):
+    """The ground truth for every sample, but the first sample's answers carry a `bad` logprob."""
+
+    def __init__(self, tokenizer, bad) -> None:
+        super().__init__(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])})
+        self.bad, self.spoiled = bad, None
+
+    def answer(self, request_id, prompt_ids, sampling_params):
+        output = super().answer(request_id, prompt_ids, sampling_params)
+        self.spoiled = self.spoiled or request_id
+        if request_id == self.spoiled:
+            return TokenOutput(token_ids=output.token_ids, log_probs=[self.bad] * len(output.token_ids))
+        return output
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_logprobs_end_their_own_sample_as_a_server_error_not_the_batch(worker, tiny, bad):
+    _, tokenizer = tiny
+    output = run_rows(worker, BadLogprobsForOneSample(tokenizer, bad), build_dataset(BFCL, TASKS[:1], **TOOLS) * 2)
+    ends, errors = list(output.non_tensor_batch["env_end"]), list(output.non_tensor_batch["env_error"])
+    assert sorted(ends) == ["server_error", "terminated"]
+    spoiled = ends.index("server_error")
+    assert "logprobs that are not" in errors[spoiled]
+    assert output.batch["rm_scores"].sum(dim=1).tolist()[spoiled] == 0.0
+    assert output.batch["rm_scores"].sum().item() == 1.0  # the other sample played on and scored
+    assert torch.isfinite(output.batch["rollout_log_probs"]).all()
+
+
+def test_a_row_naming_another_env_than_the_configs_ends_its_own_sample(worker, tiny):
+    _, tokenizer = tiny
+    good = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
+    with loop_config(env_id=BFCL, env_kwargs=TOOLS) as configured:
+        rows = [{**good, "agent_name": configured},
+                {**with_env_kwargs(good, APPWORLD, {"split": "mini"}), "agent_name": configured},
+                {**with_env_kwargs(good, BANDIT, {}), "agent_name": configured}]
+        output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), rows)
+    assert list(output.non_tensor_batch["env_end"]) == ["terminated", "bad_row", "bad_row"]
+    assert all(f"this loop runs {BFCL!r}" in error for error in output.non_tensor_batch["env_error"][1:])
+
+
+@pytest.mark.parametrize("turns", [float("nan"), float("inf"), 10**9, 0, -1, True, "5", 2.0])
+def test_a_rows_max_turns_must_be_an_int_within_the_turn_cap(turns):
+    with pytest.raises(RowError, match="max_turns must be an int from 1 to 20"):
+        row_env_kwargs(BANDIT, json.dumps({"max_turns": turns}), max_turns=20)
+    assert row_env_kwargs(BANDIT, {"max_turns": 20}, max_turns=20) == {"max_turns": 20}
+
+
+def test_a_row_with_a_nan_max_turns_ends_its_own_sample_and_the_batch_goes_on(worker, tiny):
+    _, tokenizer = tiny
+    good = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
+    bad = with_env_kwargs(good, BFCL, {**TOOLS, "max_turns": float("nan")})
+    output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), [good, bad])
+    assert list(output.non_tensor_batch["env_end"]) == ["terminated", "bad_row"]
+    assert "max_turns must be an int from 1 to 256" in output.non_tensor_batch["env_error"][1]
 
 
 @pytest.mark.parametrize("reward", [float("nan"), float("inf"), 1e300, -2e6])
@@ -215,6 +265,13 @@ class AnswerA(DishonestServer):
     ("refuse_reset", r"refused reset: reset failed"),
     ("never_done", r"did not end the episode at its turn limit \(max_turns=10\)"),
     ("huge_reward", r"sent reward 1e\+300"),
+    # answers the agent cannot read: each one's own sample, never the batch
+    ("reset_no_messages", r"reset answered what the agent cannot read: .*info\['messages'\] is a NoneType"),
+    ("reset_int_content", r"reset answered what the agent cannot read: .*has int content, not text"),
+    ("reset_str_tools", r"reset answered what the agent cannot read: .*info\['tools'\] is not a list of dicts"),
+    ("step_no_messages", r"new messages are not user or tool messages"),
+    ("str_messages", r"step answered what the agent cannot read: .*is a str, not a dict"),
+    ("huge_messages", r"step answered \d+ characters of messages and tools, over max_observation_chars=1048576"),
     # the client's connect_timeout_s is the loop's env_timeout_s: whichever clock says it first
     ("drip_description", r"did not describe its env within connect_timeout_s=5 s|took longer than 5.0 s"),
 ])

@@ -403,3 +403,12 @@ def test_an_env_that_never_answers_ends_its_sample_at_the_loops_env_deadline(wor
     # the loop's clock or the client's (its connect_timeout_s is the loop's env_timeout_s), whichever says it first
     assert re.search(r"took longer than 1.0 s|within connect_timeout_s=1 s", output.non_tensor_batch["env_error"][0])
     assert output.batch["rm_scores"].sum().item() == 0.0
+
+
+def test_a_response_mask_of_more_runs_than_the_turn_cap_is_refused_not_a_pool_update_each():
+    from seeupo_gym.integrations.verl.seeupo import MAX_TURNS, mask_runs
+
+    alternating = torch.tensor([1, 0] * 5000)  # 5,000 one-token "turns"
+    with pytest.raises(ValueError, match=f"row 3: 5000 runs of response_mask 1 \\(turns\\), more than {MAX_TURNS}"):
+        mask_runs(alternating, 3)
+    assert len(mask_runs(torch.tensor([1, 0] * MAX_TURNS))) == MAX_TURNS

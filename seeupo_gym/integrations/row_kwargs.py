@@ -36,9 +36,10 @@ class RowError(ValueError):
     """A dataset row asks for something only the trainer's config may set, or is malformed."""
 
 
-def row_env_kwargs(env_id: str, raw: Any) -> dict[str, Any]:
+def row_env_kwargs(env_id: str, raw: Any, *, max_turns: int | None = None) -> dict[str, Any]:
     """The env kwargs a row gives (a JSON object, or a mapping), each key one the row may set for
-    `env_id`; otherwise `RowError` naming the key."""
+    `env_id`, and its `max_turns` an int from 1 to `max_turns` (the caller's turn cap; NaN, 1e9 or
+    a string would lift it); otherwise `RowError` naming the key."""
     if env_id not in ROW_KWARGS:
         raise RowError(f"a row may name one of {sorted(ROW_KWARGS)} as its env, not {str(env_id)[:80]!r}; where the "
                        f"env runs (a server url, Ray workers) is the trainer's config")
@@ -55,4 +56,9 @@ def row_env_kwargs(env_id: str, raw: Any) -> dict[str, Any]:
         if key not in allowed:
             raise RowError(f"a row may not set {str(key)[:80]!r} for {env_id} (only {sorted(allowed)}); "
                            f"set it in the trainer's config")
+    if "max_turns" in kwargs:
+        turns = kwargs["max_turns"]
+        if type(turns) is not int or not 1 <= turns <= (max_turns if max_turns is not None else turns):
+            raise RowError(f"a row's max_turns must be an int from 1 to {max_turns if max_turns is not None else 'any'}, "
+                           f"got {str(turns)[:40]}")
     return dict(kwargs)

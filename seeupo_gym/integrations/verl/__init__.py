@@ -15,10 +15,13 @@ as "seeupo_env", runs one of our envs per row, token-in/token-out through verl's
 - the env's final reward is the sample's `reward_score`. A sample that fills `response_length`
   before its episode ends, whose first prompt (tools included) exceeds `prompt_length`, whose
   env fails (raises, passes its deadline, or returns a reward that is not finite or is over
-  `MAX_ABS_REWARD` in size), or whose row asks for what only the config may set, scores 0.0
-  (`extra_fields["env_end"]` says which; an overlong prompt is kept as its last `prompt_length`
-  tokens, as verl does, with no response). Logprobs that are not finite are refused where they
-  enter, as a server error.
+  `MAX_ABS_REWARD` in size, or answers what the agent cannot read: `env_info_error`, the same check
+  as the vectorized agent's, or messages over `max_observation_chars`), whose server's logprobs are
+  not finite, or whose row asks for what only the config may set (another env than the config's, a
+  `max_turns` that is not an int within the loop's turn cap), scores 0.0 and ends alone, never the
+  batch (`extra_fields["env_end"]` says which, `env_error` why; an overlong prompt is kept as its last
+  `prompt_length` tokens, as verl does, with no response). Text is tokenized in a thread, under
+  `env_timeout_s`, so a large answer never blocks the worker's event loop.
 
 Rows come from `build_dataset` (or `write_parquet`): `extra_info` holds `task_id`, `env_id` and
 `env_kwargs` (JSON), so one registered loop serves every env. Rows are data, not configuration:
@@ -48,10 +51,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 import seeupo_gym  # noqa: F401  (registers the Gymnasium ids)
 from seeupo_gym.agents.chat import appended_text, render_chat
-from seeupo_gym.agents.vector import ChatDelta, encode
+from seeupo_gym.agents.vector import ChatDelta, EnvAnswerError, checked_env_answer, encode
 from seeupo_gym.integrations.row_kwargs import ROW_KWARGS, RowError, row_env_kwargs
 from seeupo_gym.integrations.task_prompts import task_prompts
-from seeupo_gym.remote import MAX_ABS_REWARD, env_target
+from seeupo_gym.remote import MAX_ABS_REWARD, MAX_TURNS_CAP, env_target
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +62,19 @@ AGENT_NAME = "seeupo_env"
 
 END_TERMINATED, END_TRUNCATED = "terminated", "truncated"
 END_RESPONSE_LENGTH, END_PROMPT_LENGTH, END_ENV_ERROR = "response_length", "prompt_length", "env_error"
-END_BAD_ROW = "bad_row"
+END_BAD_ROW, END_SERVER_ERROR = "bad_row", "server_error"
+# The most characters of env text (an answer's messages and tools) one sample takes in: ~256k tokens,
+# far over any response_length, and tokenized in well under a second.
+MAX_OBSERVATION_CHARS = 1 << 20
 
 
 class _EnvError(RuntimeError):
-    """The env failed (raised or timed out): the sample ends, the batch goes on."""
+    """The env failed (raised, timed out, or answered what the agent cannot read): the sample ends,
+    the batch goes on."""
+
+
+class _ServerError(RuntimeError):
+    """The LLM server answered logprobs no trainer can use: the sample ends, the batch goes on."""
 
 
 @register(AGENT_NAME)
@@ -78,7 +89,9 @@ class SeeupoAgentLoop(AgentLoopBase):
             token (`$SEEUPO_SERVE_TOKEN`) goes to this url only.
         workers, worker_options: "ray" runs each env in a Ray actor (`seeupo/Ray-v0`) with these options.
         max_tokens_per_turn: cap of one response (default: what is left of `response_length`).
-        env_timeout_s: deadline of one env reset or step; a later answer is not waited for.
+        env_timeout_s: deadline of one env reset or step (and of tokenizing its answer); a later
+            answer is not waited for.
+        max_observation_chars: the most characters of messages and tools one env answer may bring.
     """
 
     def __init__(
@@ -91,6 +104,7 @@ class SeeupoAgentLoop(AgentLoopBase):
         worker_options: Mapping[str, Any] | None = None,
         max_tokens_per_turn: int | None = None,
         env_timeout_s: float = 600.0,
+        max_observation_chars: int = MAX_OBSERVATION_CHARS,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -100,6 +114,7 @@ class SeeupoAgentLoop(AgentLoopBase):
         env_target(env_id or "", workers=workers, url=url)  # a bad url/workers pair fails here, not per sample
         self.max_tokens_per_turn = max_tokens_per_turn
         self.env_timeout_s = env_timeout_s
+        self.max_observation_chars = max_observation_chars
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.delta = ChatDelta(self.tokenizer)
@@ -123,10 +138,11 @@ class SeeupoAgentLoop(AgentLoopBase):
             if target_id == "seeupo/Remote-v0":  # the client's own waits end with the loop's, leaving no thread behind
                 target_kwargs.update(timeout_s=self.env_timeout_s, connect_timeout_s=min(self.env_timeout_s, 30.0))
             env = await self._env_call(gym.make, target_id, **target_kwargs)
-            _, info = await self._env_call(env.reset, options={"task_id": task_id})
+            _, info = self._answer(await self._env_call(env.reset, options={"task_id": task_id}), "reset")
             messages = [dict(m) for m in info["messages"]]
             tools = list(info.get("tools") or []) or None
-            prompt_ids = encode(self.tokenizer, render_chat(self.tokenizer, messages, add_generation_prompt=True, tools=tools))
+            prompt_ids = await self._tokenized(lambda: render_chat(self.tokenizer, messages, add_generation_prompt=True,
+                                                                   tools=tools))
             if len(prompt_ids) > self.prompt_length:
                 logger.warning("task %s: the prompt has %d tokens, over prompt_length=%d; the sample scores 0.0",
                                task_id, len(prompt_ids), self.prompt_length)
@@ -148,7 +164,7 @@ class SeeupoAgentLoop(AgentLoopBase):
                 response_logprobs += logprobs
                 stopped = bool(sampled) and sampled[-1] in self.stop_token_ids
                 action = self.tokenizer.decode(sampled[:-1] if stopped else sampled, skip_special_tokens=False)
-                _, step_reward, terminated, truncated, info = await self._env_call(env.step, action)
+                _, step_reward, terminated, truncated, info = self._answer(await self._env_call(env.step, action), "step")
                 if terminated or truncated:
                     reward, success = self._checked_reward(step_reward), bool(info.get("success", False))
                     end = END_TERMINATED if terminated else END_TRUNCATED
@@ -156,8 +172,8 @@ class SeeupoAgentLoop(AgentLoopBase):
                     break
                 following, messages = self._new_messages(messages, info)
                 closed_by = self.tokenizer.decode([sampled[-1]], skip_special_tokens=False) if stopped else ""
-                observation = encode(self.tokenizer, appended_text(self.tokenizer, self.delta.closing, following,
-                                                                   closed_by=closed_by))
+                observation = await self._tokenized(lambda: appended_text(self.tokenizer, self.delta.closing, following,
+                                                                          closed_by=closed_by))
                 response_ids += observation
                 response_mask += [0] * len(observation)
                 response_logprobs += [0.0] * len(observation)
@@ -166,6 +182,10 @@ class SeeupoAgentLoop(AgentLoopBase):
             logger.warning("seeupo_env row refused: %s", err)
         except _EnvError as err:
             end, error = END_ENV_ERROR, str(err)
+            reward, success = 0.0, False
+            logger.warning("seeupo env %s, task %s: %s", env_id, task_id, err)
+        except _ServerError as err:
+            end, error = END_SERVER_ERROR, str(err)
             reward, success = 0.0, False
             logger.warning("seeupo env %s, task %s: %s", env_id, task_id, err)
         finally:
@@ -214,7 +234,40 @@ class SeeupoAgentLoop(AgentLoopBase):
             row_id = self.env_id
         if not isinstance(row_id, str):
             raise RowError(f"extra_info.env_id must be a string, got {type(row_id).__name__}")
-        return row_id, {**self.env_kwargs, **row_env_kwargs(row_id, extra.get("env_kwargs"))}, task_id
+        if self.env_id and row_id != self.env_id:  # the config chose the env: a row may not run another's code
+            raise RowError(f"the row names env {row_id[:80]!r}, but this loop runs {self.env_id!r} (its config's env_id)")
+        return row_id, {**self.env_kwargs, **row_env_kwargs(row_id, extra.get("env_kwargs"),
+                                                            max_turns=self._turn_cap())}, task_id
+
+    def _turn_cap(self) -> int:
+        """The most turns a row may ask for: the config's own `max_turns`, else `MAX_TURNS_CAP`."""
+        configured = self.env_kwargs.get("max_turns")
+        return configured if type(configured) is int and configured >= 1 else MAX_TURNS_CAP
+
+    def _answer(self, outcome: Any, call: str) -> Any:
+        """An env's reset or step answer, checked as the vectorized agent checks it (readable info,
+        a finite reward) and bounded in size; anything else is this sample's env error."""
+        try:
+            checked_env_answer(outcome, call)
+        except EnvAnswerError as err:
+            raise _EnvError(f"{call} answered what the agent cannot read: {err}") from None
+        info = outcome[-1]
+        size = sum(len(m.get("content") or "") for m in info.get("messages", []))
+        size += len(json.dumps(info.get("tools") or [], default=str))
+        if size > self.max_observation_chars:
+            raise _EnvError(f"{call} answered {size} characters of messages and tools, over "
+                            f"max_observation_chars={self.max_observation_chars}")
+        return outcome
+
+    async def _tokenized(self, render: Any) -> list[int]:
+        """The token ids of `render()`'s text, computed in a thread (never on verl's event loop) within
+        `env_timeout_s`; past it the sample is an env error."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(None, lambda: encode(self.tokenizer, render())),
+                                          self.env_timeout_s)
+        except asyncio.TimeoutError:
+            raise _EnvError(f"tokenizing the env's answer took longer than {self.env_timeout_s} s") from None
 
     async def _env_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn` in a thread (envs block), under the env deadline; failures become `_EnvError`."""
@@ -251,15 +304,19 @@ class SeeupoAgentLoop(AgentLoopBase):
             return ids, [0.0] * len(ids)
         if len(logprobs) != len(ids):
             raise ValueError(f"the server returned {len(logprobs)} logprobs for {len(ids)} tokens")
-        values = [float(lp) for lp in logprobs]
+        try:
+            values = [float(lp) for lp in logprobs]
+        except (TypeError, ValueError):
+            raise _ServerError("the server returned logprobs that are not numbers") from None
         if not all(math.isfinite(lp) for lp in values):  # NaN/inf would reach verl's importance ratios
-            raise ValueError(f"the server returned logprobs that are not finite: {[lp for lp in values if not math.isfinite(lp)][:3]}")
+            raise _ServerError(f"the server returned logprobs that are not finite: "
+                               f"{[lp for lp in values if not math.isfinite(lp)][:3]}")
         return ids, values
 
     @staticmethod
     def _new_messages(before: Sequence[dict[str, Any]], info: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The messages the env added after its record of the response, and its whole history."""
-        messages = [dict(m) for m in info["messages"]]
+        messages = [dict(m) for m in info.get("messages", [])]
         following = messages[len(before) + 1 :]
         if not following or not all(m.get("role") in ("user", "tool") for m in following):
             raise _EnvError(f"the env's new messages are not user or tool messages: {[m.get('role') for m in following]}")

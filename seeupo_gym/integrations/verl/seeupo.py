@@ -43,6 +43,7 @@ from verl import DataProto
 
 from seeupo_gym.algorithms import core
 from seeupo_gym.algorithms.seeupo import OLD_POLICIES, ORDERS, m_weight, update_order
+from seeupo_gym.algorithms.seeupo_authors import M_ALIGNMENTS, MFactors, authors_advantages, balance_order
 
 # More turns than this in one row is not a conversation but a malformed row.
 MAX_TURNS = 4096
@@ -50,6 +51,8 @@ MAX_TURNS = 4096
 REQUIRED_ACTOR = {"policy_loss.loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean"}
 # meta_info key: the pool's row count, rows left out of the call (empty turns) included.
 POOL_ROWS = "seeupo_pool_rows"
+# paper: Algorithm 1 (`seeupo_step`); authors: as the authors' code computes it (`seeupo_authors_step`).
+VARIANTS = ("paper", "authors")
 
 
 @dataclass
@@ -61,9 +64,16 @@ class VerlSeeUPOConfig:
     m_clip: tuple[float, float] | None = None  # the authors' code: [0.8, 1.2]
     old_policy: str = "step_start"  # step_start (the paper) | turn_start (the authors' code)
     seed: int = 0  # of the `random` order
+    # paper | authors (the authors' code: algorithms/seeupo_authors.py; set order natural, old_policy
+    # turn_start, m_clip [0.8, 1.2] for their run). normalization is the paper's only.
+    variant: str = "paper"
+    m_alignment: str = "rollout"  # authors: M by trajectory (rollout) or by row after balance_batch (position)
+    max_steps: int | None = None  # authors: pools per step (their rollout.multi_turn.max_steps); null: longest row
+    balance_world_size: int = 1  # authors, position: ranks balance_batch partitions each pool over
 
     def __post_init__(self) -> None:
-        for name, choices in (("order", ORDERS), ("normalization", core.NORMALIZATIONS), ("old_policy", OLD_POLICIES)):
+        for name, choices in (("order", ORDERS), ("normalization", core.NORMALIZATIONS), ("old_policy", OLD_POLICIES),
+                              ("variant", VARIANTS), ("m_alignment", M_ALIGNMENTS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"algorithm.seeupo.{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.m_clip is not None:
@@ -71,6 +81,10 @@ class VerlSeeUPOConfig:
             if not 0 <= low <= 1 <= high:
                 raise ValueError(f"algorithm.seeupo.m_clip must be [low, high] with 0 <= low <= 1 <= high, got {self.m_clip}")
             self.m_clip = (low, high)
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or int(self.max_steps) < 1):
+            raise ValueError(f"algorithm.seeupo.max_steps must be >= 1 or null, got {self.max_steps!r}")
+        if int(self.balance_world_size) < 1:
+            raise ValueError(f"algorithm.seeupo.balance_world_size must be >= 1, got {self.balance_world_size!r}")
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> "VerlSeeUPOConfig":
@@ -106,8 +120,9 @@ def check_actor_options(actor_options: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------- turn pools
 
 
-def mask_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
-    """[start, end) of each run of 1s: the turns of a row from verl's tool agent loop."""
+def mask_runs(mask_row: torch.Tensor, row: int = 0) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s: the turns of a row from verl's tool agent loop; more than
+    `MAX_TURNS` (one pool update each) is refused as recorded spans are."""
     values = [int(v) for v in mask_row.tolist()]
     runs, start = [], None
     for k, v in enumerate(values + [0]):
@@ -116,6 +131,8 @@ def mask_runs(mask_row: torch.Tensor) -> list[tuple[int, int]]:
         elif not v and start is not None:
             runs.append((start, k))
             start = None
+    if len(runs) > MAX_TURNS:
+        raise ValueError(f"row {row}: {len(runs)} runs of response_mask 1 (turns), more than {MAX_TURNS}")
     return runs
 
 
@@ -151,7 +168,7 @@ def turn_spans(batch: DataProto) -> list[list[tuple[int, int]]]:
     mask = batch.batch["response_mask"]
     recorded = batch.non_tensor_batch.get("turn_spans")
     if recorded is None:
-        return [mask_runs(mask[i]) for i in range(len(batch))]
+        return [mask_runs(mask[i], i) for i in range(len(batch))]
     if len(recorded) != len(batch):
         raise ValueError(f"turn_spans has {len(recorded)} rows for a batch of {len(batch)}")
     return [checked_spans(recorded[i], mask[i], i) for i in range(len(batch))]
@@ -228,15 +245,7 @@ def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, 
     spans = turn_spans(batch)  # checks before anything runs
     advantages = core.group_advantages(trajectory_rewards(batch), group_index(batch), config.normalization).tolist()
     mask = batch.batch["response_mask"]
-    old = None
-    if config.old_policy == "step_start":
-        if "old_log_probs" in batch.batch.keys():
-            old = batch.batch["old_log_probs"].float()
-        else:  # one frozen pass, each row cut after its last turn
-            last = [row[-1][1] if row else 0 for row in spans]
-            scored = actor.compute_log_prob(trimmed(batch, last))
-            old = torch.zeros(mask.shape, dtype=torch.float32)
-            old[:, : scored.shape[1]] = scored[:, : mask.shape[1]]
+    old = step_start_log_probs(batch, actor, spans) if config.old_policy == "step_start" else None
     factor = [1.0] * len(batch)  # prod of s(y_{i,t'}) over the turns already updated
     pools = [(t, [i for i, row in enumerate(spans) if len(row) >= t])
              for t in update_order(max((len(row) for row in spans), default=0), config.order, generator)]
@@ -277,6 +286,80 @@ def seeupo_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig, 
     metrics.update({"seeupo/m_mean": float(final_m.mean()), "seeupo/m_abs_max": float(final_m.abs().max()),
                     "seeupo/ratio_product_min": min(factor), "seeupo/ratio_product_max": max(factor)})
     return metrics
+
+
+def step_start_log_probs(batch: DataProto, actor: SeeUPOActor, spans: list[list[tuple[int, int]]]) -> torch.Tensor:
+    """The batch's `old_log_probs`, else one frozen pass, each row cut after its last turn."""
+    if "old_log_probs" in batch.batch.keys():
+        return batch.batch["old_log_probs"].float()
+    mask = batch.batch["response_mask"]
+    scored = actor.compute_log_prob(trimmed(batch, [row[-1][1] if row else 0 for row in spans]))
+    old = torch.zeros(mask.shape, dtype=torch.float32)
+    old[:, : scored.shape[1]] = scored[:, : mask.shape[1]]
+    return old
+
+
+def seeupo_authors_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPOConfig,
+                        generator: torch.Generator | None = None) -> dict[str, float]:
+    """`variant: authors`: one step as the authors' code takes it (algorithms/seeupo_authors.py). Every
+    pool t = 1..max_steps holds every row: its turn t, or past its last turn that last turn as a padding
+    row (no loss; counted in the pool's rows; re-scored for M like any row). A = `authors_advantages`
+    over the rows; after each pool M's factor <- clip(factor * clip(s)), by row (`m_alignment: rollout`)
+    or by position in the pool's order (`position`: balance_batch's over `balance_world_size` ranks)."""
+    if len(batch) == 0:
+        raise ValueError("SeeUPO got an empty batch")
+    generator = generator or torch.Generator().manual_seed(config.seed)
+    spans = turn_spans(batch)
+    empty = [i for i, row in enumerate(spans) if not row]
+    if empty:
+        raise ValueError(f"rows {empty[:5]} have no turn: the authors' pools pad with a row's last turn")
+    max_steps = int(config.max_steps or max(len(row) for row in spans))
+    if max(len(row) for row in spans) > max_steps:
+        raise ValueError(f"a row has {max(len(row) for row in spans)} turns, more than algorithm.seeupo.max_steps={max_steps}")
+    advantages = authors_advantages(trajectory_rewards(batch), group_index(batch))
+    old = step_start_log_probs(batch, actor, spans) if config.old_policy == "step_start" else None
+    prompt_tokens = batch.batch["attention_mask"][:, : batch.batch["prompts"].shape[1]].sum(-1).tolist()
+    factors = MFactors(len(batch), config.m_alignment, config.m_clip)
+    metrics: dict[str, float] = {"seeupo/turn_pools": float(max_steps)}
+    updates = 0
+    for t in update_order(max_steps, config.order, generator):
+        turn = [min(t, len(row)) for row in spans]
+        ends = [spans[i][turn[i] - 1][1] for i in range(len(batch))]
+        rows = (list(range(len(batch))) if config.m_alignment == "rollout"
+                else balance_order([p + e for p, e in zip(prompt_tokens, ends)], config.balance_world_size))
+        pool = trimmed(batch.select_idxs(rows), [ends[i] for i in rows])
+        ratio_mask = turn_mask([[spans[i][turn[i] - 1]] for i in rows], 1, pool.batch["response_mask"].shape)
+        ratio_mask = ratio_mask.to(batch.batch["response_mask"].dtype)
+        loss_mask = ratio_mask * torch.tensor([t <= len(spans[i]) for i in rows], dtype=ratio_mask.dtype)[:, None]
+        pool.batch["response_mask"] = ratio_mask
+        width = pool.batch["responses"].shape[1]
+        pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[rows, :width]
+        weights = (advantages[rows] * factors.of(rows)).float()
+        fed = [k for k in range(len(rows)) if bool(loss_mask[k].any())]
+        if fed:  # a pool of padding rows only has no loss: no update (the authors' optimizer steps on a zero gradient)
+            data = pool.select_idxs(fed)
+            data.batch["response_mask"] = loss_mask[fed]
+            data.batch["old_log_probs"] = pool_old[fed]
+            data.batch["advantages"] = weights[fed, None] * loss_mask[fed]
+            data.meta_info[POOL_ROWS] = len(rows)
+            _hold_learning_rate(actor, updates)
+            for key, value in (actor.update_actor(data) or {}).items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    metrics[f"seeupo/turn{t}/{key}"] = float(value)
+            updates += 1
+        new = actor.compute_log_prob(pool)  # every row, padding too, as their `update_ratios`
+        cols = new.shape[1]
+        ratios = core.sequence_ratio(new.double(), pool_old[:, :cols].double(), ratio_mask[:, :cols].bool())
+        factors.update(rows, ratios)
+    final = advantages * factors.factor
+    metrics.update({"seeupo/m_mean": float(final.mean()), "seeupo/m_abs_max": float(final.abs().max()),
+                    "seeupo/ratio_product_min": float(factors.factor.min()), "seeupo/ratio_product_max": float(factors.factor.max())})
+    return metrics
+
+
+def step_for(config: VerlSeeUPOConfig):
+    """The step function of `config.variant`."""
+    return seeupo_authors_step if config.variant == "authors" else seeupo_step
 
 
 def _hold_learning_rate(actor: SeeUPOActor, updates_so_far: int) -> None:
