@@ -21,8 +21,10 @@ examples/configs/grpo_math_1B.yaml (true, true).
 How our records map onto its inputs: r_t are `turn_credit.turn_rewards` (0 ... 0, R without
 `info["turn_rewards"]`); the prompt is our group. Where ours departs: one advantage per turn (the
 same on its tokens, as there); the std is computed as the std of the values, where the source's
-E[x^2] - E[x]^2 in float32 can leave a rounding residue for tied rewards that are not exact binary
-fractions (then std is a tiny positive number and the source divides by it); float64.
+E[x^2] - E[x]^2 in float32 can leave a rounding residue when the other rewards are tied (then std is
+a small positive number and the source divides by it: rewards (1, v, v, v) with v = k/1000 left one in
+349 of 3,996 such settings tried, e.g. v = 0.998, n = 4: std 4.2e-4, A = 4.72 for 0.002; ours: std 0,
+A = 0.002); float64.
 """
 
 from __future__ import annotations
