@@ -224,6 +224,7 @@ class SeeUPOAuthors(SeeUPO):
                                 len(batches), {s.rollout_id: float(r) for s, r in zip(pool, ratios)})
             factors.update(rows, ratios)
             self.record_phase(phase)
+        self.m_factors = factors.factor  # by trajectory (batch order) or by row position: for audits
         metrics = core.mean_metrics(steps)
         final = advantages * factors.factor
         metrics.update(m_mean=float(final.mean()), m_abs_max=float(final.abs().max()), turn_pools=float(max_steps))
