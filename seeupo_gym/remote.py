@@ -15,11 +15,12 @@ The server is not trusted: every answer is bounded (`max_message_bytes`, after p
 or gzip decompression too) and checked (the observation in its space, a finite reward of at most
 `MAX_ABS_REWARD` in size, boolean `terminated`/`truncated`, a dict info; strings made valid
 Unicode) before the caller sees it. Every wait has a whole-answer deadline: the description
-(`GET /seeupo/env`) within 1.5 x `connect_timeout_s` in all, however slowly its bytes come; each reset
-or step answer within `timeout_s`. The client keeps the env's own turn limit (`max_turns` of the
-agreed kwargs) whatever the server says: a step that reaches it without the episode ending is a
-`RemoteEnvError`. The token goes only to `url` (WebSocket redirects to another origin drop it;
-the description request follows none).
+(`GET /seeupo/env`: connecting, status line, headers, `100 Continue`s and body) within
+`connect_timeout_s`, however slowly its bytes come; each reset or step answer within `timeout_s`. The client keeps its own turn limit (the caller's `max_turns`, else
+the server's, at most `MAX_TURNS_CAP`) whatever the server says: a step that reaches it without the
+episode ending is a `RemoteEnvError`. The token goes only to `url`: never to a proxy (neither request reads proxy
+settings from the environment), WebSocket redirects to another origin drop it, the description
+request follows none.
 
 Failures are `RemoteEnvError`: an unreachable server at construction, and a lost session
 (server gone, connection dropped, no answer within `timeout_s`, an answer over the bound or
@@ -54,6 +55,19 @@ MAX_DESCRIPTION_BYTES = 8 << 20
 # The largest reward taken from outside. Our envs score in [-1, 1]; the bound keeps every reward,
 # and sums and squares of a batch of them, finite in the float32 tables trainers keep (verl's scores).
 MAX_ABS_REWARD = 1e6
+# The local turn cap: the most turns an episode may take where our own config sets none. A limit a
+# server or worker declares is capped by it (a declared 10**9 would keep a closing loop stepping).
+MAX_TURNS_CAP = 256
+
+
+def turn_cap(configured: Any, declared: Any = None) -> int:
+    """An episode's turn limit: the caller's own `max_turns` when it set one (an int >= 1), else
+    what the server or worker declares, at most `MAX_TURNS_CAP`."""
+    if type(configured) is int and configured >= 1:
+        return configured
+    if type(declared) is int and declared >= 1:
+        return min(declared, MAX_TURNS_CAP)
+    return MAX_TURNS_CAP
 
 
 class RemoteEnvError(RuntimeError):
@@ -113,20 +127,91 @@ def _checked_info(info: Any, source: str) -> dict[str, Any]:
     return _valid_strings(info)
 
 
-def _bounded_json(response: Any, limit: int, source: str, deadline: float = math.inf,
-                  late: Exception | None = None) -> Any:
-    """The JSON body of a streamed httpx response, read raw and decompressed by us, each at most
-    `limit` bytes; reading stops at `deadline` (`time.monotonic()`), raising `late` if given."""
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+class _Deadline:
+    """httpcore's network backend with one deadline (`time.monotonic()`) for a whole answer:
+    connecting, sending, and every read (status line, headers, `100 Continue`s, body) waits at most
+    until it, so a server dripping a byte at a time cannot stretch the answer past it."""
+
+    def __init__(self, deadline: float) -> None:
+        import httpcore
+
+        self.deadline, self._inner, self._httpcore = deadline, httpcore.SyncBackend(), httpcore
+
+    def left(self, timeout: float | None, expired: type[Exception]) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise expired("the answer's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> Any:
+        stream = self._inner.connect_tcp(host, port, self.left(timeout, self._httpcore.ConnectTimeout),
+                                         local_address, socket_options)
+        return _DeadlineStream(stream, self)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise self._httpcore.UnsupportedProtocol("a unix socket is not an env server url")
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(min(seconds, max(0.0, self.deadline - time.monotonic())))
+
+
+class _DeadlineStream:
+    """One connection under a `_Deadline` (httpcore's `NetworkStream` contract)."""
+
+    def __init__(self, inner: Any, clock: _Deadline) -> None:
+        self._inner, self._clock = inner, clock
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._clock.left(timeout, self._clock._httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._clock.left(timeout, self._clock._httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        left = self._clock.left(timeout, self._clock._httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left), self._clock)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+def get_json(url: str, headers: Mapping[str, str], *, deadline_s: float, limit: int, source: str,
+             late: Exception) -> tuple[int, Any]:
+    """`GET url` as (status, its JSON body), the whole answer within `deadline_s` (raising `late`
+    past it), the body at most `limit` bytes raw and decompressed. httpcore, not httpx: it reads no
+    proxy settings from the environment (the token goes to `url` only) and takes the deadline's
+    network backend; it follows no redirects."""
+    import httpcore
+
+    clock = _Deadline(time.monotonic() + deadline_s)
+    try:
+        with httpcore.ConnectionPool(network_backend=clock, retries=0) as pool:
+            with pool.stream("GET", url, headers={**headers, "Accept-Encoding": "gzip"}) as answer:
+                encoding = next((value.decode("latin-1") for name, value in answer.headers
+                                 if name.lower() == b"content-encoding"), "identity")
+                if answer.status != 200:
+                    return answer.status, None
+                return answer.status, _bounded_json(encoding, answer.iter_stream(), limit, source)
+    except httpcore.TimeoutException:
+        raise late from None
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, OSError) as error:
+        raise RemoteEnvError(f"cannot reach {source}: {type(error).__name__}: {error}"[:500]) from None
+
+
+def _bounded_json(encoding: str, chunks: Any, limit: int, source: str) -> Any:
+    """The JSON of a body read raw (`chunks`) and decompressed by us, each at most `limit` bytes."""
+    encoding = encoding.strip().lower()
     if encoding not in ("identity", "gzip"):
         raise RemoteEnvError(f"{source} sent a body encoded as {encoding!r:.40}; expected identity or gzip")
     raw = bytearray()
-    for chunk in response.iter_raw():
+    for chunk in chunks:
         raw += chunk
         if len(raw) > limit:
             raise RemoteEnvError(f"{source} sent a body over {limit} bytes")
-        if time.monotonic() > deadline:
-            raise late or RemoteEnvError(f"{source} did not finish its answer in time ({len(raw)} bytes so far)")
     body = bytes(raw)
     if encoding == "gzip":
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -185,7 +270,7 @@ class RemoteEnv(gym.Env[str, str]):
         env_id, env_kwargs: what the caller expects the server to serve (None: whatever it serves).
         token: sent as `Authorization: Bearer <token>` to `url` only (default `$SEEUPO_SERVE_TOKEN`).
         timeout_s: longest wait for one answer (an AppWorld step can take its code timeout).
-        connect_timeout_s: longest wait to reach the server; its description is read within 1.5 x this in all.
+        connect_timeout_s: longest wait to reach the server; its whole description is read within it.
         max_message_bytes: largest answer accepted (a WebSocket message, decompressed); an
             episode's info carries its whole conversation, hence the generous default.
     """
@@ -218,32 +303,22 @@ class RemoteEnv(gym.Env[str, str]):
         self.task_ids: tuple[str, ...] = tuple(str(t) for t in served["task_ids"])
         self.observation_space = _space(served["observation_space"])
         self.action_space = _space(served["action_space"])
-        limit = self.env_kwargs.get("max_turns")
-        self.max_turns: int | None = limit if type(limit) is int and limit >= 1 else None
+        own = (env_kwargs or {}).get("max_turns")
+        self.max_turns: int = turn_cap(own, self.env_kwargs.get("max_turns"))
         self._turns = 0
         self._ws: Any = None
         self._connection = contextlib.ExitStack()
 
     def _describe(self) -> dict[str, Any]:
-        """The server's description, read within 1.5 x `connect_timeout_s` in all: httpx bounds each
-        read (half the timeout here) and the clock is checked between reads, so a server dripping
-        its body is cut. Read in the calling thread: this runs in forked vector-env workers, where a
-        helper thread could meet a lock another thread held at the fork."""
-        import httpx
-
-        deadline = time.monotonic() + self.connect_timeout_s
+        """The server's description, its whole answer (connecting, status line, headers, body)
+        within `connect_timeout_s`. Read in the calling thread: this runs in forked vector-env
+        workers, where a helper thread could meet a lock another thread held at the fork."""
         late = RemoteEnvError(f"the env server at {self.url} did not describe its env within "
                               f"connect_timeout_s={self.connect_timeout_s:g} s")
-        timeout = httpx.Timeout(self.connect_timeout_s, read=self.connect_timeout_s / 2)
-        try:
-            with httpx.stream("GET", f"{self.url}/seeupo/env", headers={**self._headers, "Accept-Encoding": "gzip"},
-                              timeout=timeout, follow_redirects=False) as answer:
-                answer.raise_for_status()
-                served = _bounded_json(answer, MAX_DESCRIPTION_BYTES, self._source, deadline, late)
-        except httpx.ReadTimeout:
-            raise late from None
-        except httpx.HTTPError as error:
-            raise RemoteEnvError(f"cannot reach the env server at {self.url}: {error}") from error
+        status, served = get_json(f"{self.url}/seeupo/env", self._headers, deadline_s=self.connect_timeout_s,
+                                  limit=MAX_DESCRIPTION_BYTES, source=self._source, late=late)
+        if status != 200:
+            raise RemoteEnvError(f"cannot reach the env server at {self.url}: GET /seeupo/env answered HTTP {status}")
         fields = {"env_id": str, "env_kwargs": dict, "task_ids": list, "observation_space": dict, "action_space": dict}
         if not isinstance(served, dict) or any(not isinstance(served.get(k), t) for k, t in fields.items()):
             raise RemoteEnvError(f"{self._source} describes its env without {sorted(fields)}: {str(served)[:200]}")
@@ -305,7 +380,7 @@ class RemoteEnv(gym.Env[str, str]):
         self._turns += 1
         try:
             checked = checked_step(step, self.observation_space, self._source)
-            if self.max_turns is not None and self._turns >= self.max_turns and not done:
+            if self._turns >= self.max_turns and not done:
                 raise RemoteEnvError(f"{self._source} did not end the episode at its turn limit "
                                      f"(max_turns={self.max_turns}); the episode is ended here")
             return checked
@@ -331,10 +406,11 @@ class RemoteEnv(gym.Env[str, str]):
             raise ImportError("seeupo/Remote-v0 needs the serve extra: pip install 'seeupo-gym[serve]'") from error
         ws_url = "ws" + self.url[len("http"):] if self.url.startswith("http") else self.url
         try:
-            # max_size bounds each message after permessage-deflate too (websockets stops inflating there).
+            # max_size bounds each message after permessage-deflate too (websockets stops inflating there);
+            # proxy=None: websockets would take $HTTP_PROXY/$ALL_PROXY, and the token with it.
             self._ws = self._connection.enter_context(connect(
                 f"{ws_url}/ws", additional_headers=self._headers, open_timeout=self.connect_timeout_s,
-                max_size=self.max_message_bytes, close_timeout=5,
+                max_size=self.max_message_bytes, close_timeout=5, proxy=None,
             ))
         except Exception as error:
             raise RemoteEnvError(f"cannot open a session with the env server at {self.url}: {error}") from error

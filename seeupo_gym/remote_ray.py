@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import gymnasium as gym
 
 from seeupo_gym.options import task_id_option
-from seeupo_gym.remote import RemoteEnvError, checked_reset, checked_step
+from seeupo_gym.remote import RemoteEnvError, checked_reset, checked_step, turn_cap
 
 STEP_MARGIN_S = 30.0
 # The step bound assumed for an env that declares none (see the module docstring).
@@ -147,8 +147,7 @@ class RayEnv(gym.Env[str, str]):
         self.task_ids: tuple[str, ...] = described["task_ids"]
         own = described.get("step_deadline_s")
         self.step_timeout_s = min(timeout_s, (own if own is not None else UNDECLARED_STEP_S) + STEP_MARGIN_S)
-        limit = described.get("max_turns")
-        self.max_turns: int | None = limit if type(limit) is int and limit >= 1 else None
+        self.max_turns: int = turn_cap(self.env_kwargs.get("max_turns"), described.get("max_turns"))
         self._turns = 0
 
     @property
@@ -166,7 +165,7 @@ class RayEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         result = checked_step(self._get("step", (action,), self.step_timeout_s), self.observation_space, self._source)
         self._turns += 1
-        if self.max_turns is not None and self._turns >= self.max_turns and not (result[2] or result[3]):
+        if self._turns >= self.max_turns and not (result[2] or result[3]):
             raise RemoteEnvError(f"{self._source} did not end the episode at its turn limit (max_turns={self.max_turns})")
         return result
 

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 pytest.importorskip("websockets")
@@ -48,6 +49,87 @@ def test_a_dripped_description_ends_at_connect_timeout_in_all(hostile):
         RemoteEnv(hostile("drip_description"), connect_timeout_s=2)
     assert time.monotonic() - start < 4  # 1.5 x 2 s at most; before: ~1.5 s per byte of a ~2 kB body, per-read timeouts only
     RemoteEnv(hostile("honest"), connect_timeout_s=2).close()  # control: the same deadline suffices
+
+
+@pytest.mark.parametrize("mode", ["drip_status", "drip_headers", "endless_continue"])
+def test_a_description_whose_status_line_or_headers_drip_ends_at_connect_timeout_in_all(hostile, mode):
+    start = time.monotonic()
+    with pytest.raises(RemoteEnvError, match=r"did not describe its env within connect_timeout_s=2 s"):
+        gym.make("seeupo/Remote-v0", url=hostile(mode), connect_timeout_s=2)
+    assert time.monotonic() - start < 3  # 1.5 x; before: 25 s and more (each byte within the per-read timeout)
+
+
+class Recorder:
+    """A loopback listener that records whatever reaches it (standing in for a proxy) and answers nothing."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.received: list[bytes] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.received.append(conn.recv(65536))
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def proxy(monkeypatch):
+    """Every proxy variable names a recording listener (and nothing is exempt from it)."""
+    recorder = Recorder()
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, recorder.url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    yield recorder
+    recorder.sock.close()
+
+
+def test_the_token_goes_to_the_env_server_never_to_a_proxy(hostile, proxy):
+    import urllib.request
+
+    env = RemoteEnv(hostile("honest"), token="serve-secret", connect_timeout_s=5)
+    env.reset(options={"task_id": TASKS[0]})
+    env.step("A")
+    env.close()
+    assert proxy.received == []
+    # control: a client that reads the proxy variables does reach the recorder
+    with pytest.raises(OSError):
+        urllib.request.urlopen(hostile("honest") + "/seeupo/env", timeout=3)
+    assert proxy.received and b"/honest/seeupo/env" in proxy.received[0]
+
+
+def test_a_declared_turn_limit_is_capped_by_the_local_turn_cap(hostile):
+    from seeupo_gym.remote import MAX_TURNS_CAP
+
+    env = RemoteEnv(hostile("declared_turns"))
+    assert env.max_turns == MAX_TURNS_CAP  # the server declares 10**9
+    env.close()
+    assert RemoteEnv(hostile("honest")).max_turns == 10  # the honest declaration, under the cap, stands
+
+
+def test_trl_closing_steps_of_a_server_declaring_a_billion_turns_stop_at_the_local_turn_cap(hostile):
+    from seeupo_gym.remote import MAX_TURNS_CAP
+
+    environment = trl_environment(hostile("declared_turns"))
+    environment.reset(task_id=TASKS[0])
+    assert environment._final_reward() == 0.0  # before: 43,862 closing steps in 20 s, and on
+    assert len(environment.steps) <= MAX_TURNS_CAP
+    environment._close()
 
 
 def test_an_episode_the_server_never_ends_is_ended_at_the_envs_own_turn_limit(hostile):

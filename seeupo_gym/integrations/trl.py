@@ -37,7 +37,8 @@ them with `--session-kwargs`). A session lost mid-episode ends the episode: the 
 error text and the reward is 0.0. So does a reset the env refuses or fails (TRL calls `reset`
 outside any try, so the error stays here: the rollout's first message says it, its tools answer
 "The episode is over.", it scores 0.0), and an episode the env does not end within its own turn
-limit (`_final_reward` takes at most `max_turns` closing steps, then scores 0.0).
+limit (`_final_reward` takes at most `max_turns` closing steps, then scores 0.0; the config's
+`max_turns`, else the env's, a served env's declared one capped at `seeupo_gym.remote.MAX_TURNS_CAP`).
 """
 
 from __future__ import annotations
@@ -56,8 +57,6 @@ from seeupo_gym.tools import plain_reply, step_tool_result
 
 
 _TRAINER_NAMES = ("SeeUPOTrainer", "SeeUPOConfig")
-# Closing steps `_final_reward` takes for an env that declares no turn limit.
-_CLOSING_STEPS_WITHOUT_LIMIT = 100
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +102,11 @@ class _SeeupoEnvironment:
         """The env's final score (see the module docstring); private, so TRL makes it neither a tool
         nor a reward column of its own. At most the env's turn limit of closing steps: an env that
         has not ended by then scores 0.0."""
-        limit = getattr(self._env.unwrapped, "max_turns", None)
-        for _ in range(limit if type(limit) is int and limit >= 1 else _CLOSING_STEPS_WITHOUT_LIMIT):
+        from seeupo_gym.remote import turn_cap
+
+        # our config's max_turns, else the env's (a served one's as it declares it), at most MAX_TURNS_CAP
+        limit = turn_cap(self.env_kwargs.get("max_turns"), getattr(self._env.unwrapped, "max_turns", None))
+        for _ in range(limit):
             if self._done:
                 return self._reward
             self._step(self._closing_action())
