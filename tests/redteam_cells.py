@@ -770,3 +770,27 @@ ALL_CLASSES = {
     "resources": RESOURCES,
     "resources (slow)": RESOURCES_SLOW,
 }
+
+# ---------------------------------------------------------------- kernel counters between episodes
+# A channel, not an escape: the sender moves a counter of the kernel it runs on by a secret
+# amount, a later (or concurrent) receiver reads that counter. Under a shared kernel the reading
+# follows the secret (tests/test_appworld_gvisor.py); a kernel per episode leaves it the same.
+# Not in ALL_CLASSES: they leave no trace to look for, the test compares readings instead.
+KERNEL_COUNTERS = cells("kernel-counter", {
+    # The pipe counter: every pipe takes the next inode number of its kernel's pipe file system.
+    "pipe-send": """
+import typing
+P = typing.sys.modules['posix']
+for _ in range($secret * $unit):
+    r, w = P.pipe()
+    P.close(r)
+    P.close(w)
+print('sent', $secret)""",
+    "pipe-read": """
+import typing
+P = typing.sys.modules['posix']
+r, w = P.pipe()
+print('pipe-inode', P.fstat(r).st_ino)
+P.close(r)
+P.close(w)""",
+})

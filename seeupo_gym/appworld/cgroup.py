@@ -1,4 +1,5 @@
-"""A memory cgroup per sandbox: one bound on the resident memory of all its processes together.
+"""A memory cgroup per sandbox: one bound on the resident memory of all its processes together
+(and, asked for, on its host tasks: processes and threads, a pids cgroup).
 
 Rlimits bound each process alone (RLIMIT_AS), so model code that forks can hold memory
 limit x processes. A cgroup bounds the sum: past it, the kernel's OOM killer ends a process
@@ -8,6 +9,11 @@ The cgroup is made under this process's own memory cgroup, which must be writabl
 (`/sys/fs/cgroup/memory/...`), or cgroup v2 with the memory controller delegated to it (a
 systemd `Delegate=yes` unit, a container runtime that delegates). Its name carries the owning
 process's pid, so groups left by a SIGKILLed owner are found and removed by the next one.
+
+A bound on host tasks (`max_tasks`, for gVisor, whose Sentry runs a sandbox's processes as host
+threads and stub processes: about 500 host tasks at the sandbox's 64 processes) goes in the
+same group under cgroup v2, and in a twin group of the v1 pids hierarchy under cgroup v1;
+where this machine has no pids controller to use, `max_tasks` is None after construction.
 """
 
 from __future__ import annotations
@@ -56,19 +62,35 @@ def parent_group() -> tuple[Path, int]:
     return folder, version
 
 
+def _own_pids_cgroup_v1() -> Path | None:
+    """This process's cgroup in the v1 pids hierarchy, if there is a writable one."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            folder = CGROUP_ROOT / "pids" / path.lstrip("/")
+            return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+    return None
+
+
 class MemoryCgroup:
     """A child memory cgroup with a hard limit; processes written to it, and all they start,
-    share the limit. `remove` deletes it once they are gone."""
+    share the limit (and `max_tasks`, where given and this machine has a pids controller).
+    `remove` deletes it once they are gone."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, max_tasks: int | None = None) -> None:
         parent, self.version = parent_group()
         sweep_orphans(parent)
-        self.path = parent / f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        self.path = parent / name
+        self.pids_path: Path | None = None  # the v1 pids twin
         try:
             self.path.mkdir()
         except OSError as error:
             raise MemoryCgroupUnavailable(f"cannot make a cgroup under {parent}: {error}") from error
         self.limit_bytes = limit_bytes
+        self.max_tasks: int | None = None
+        if max_tasks is not None:
+            self._bound_tasks(parent, name, max_tasks)
         try:
             if self.version == 1:
                 self._write("memory.limit_in_bytes", limit_bytes)
@@ -82,9 +104,41 @@ class MemoryCgroup:
             self.remove()
             raise MemoryCgroupUnavailable(f"cannot set a memory limit in {self.path}: {error}") from error
 
+    def _bound_tasks(self, parent: Path, name: str, max_tasks: int) -> None:
+        try:
+            if self.version == 2:
+                if "pids" in (parent / "cgroup.subtree_control").read_text().split():
+                    self._write("pids.max", max_tasks)
+                    self.max_tasks = max_tasks
+                return
+            pids_parent = _own_pids_cgroup_v1()
+            if pids_parent is None:
+                return
+            sweep_orphans(pids_parent)
+            self.pids_path = pids_parent / name
+            self.pids_path.mkdir()
+            (self.pids_path / "pids.max").write_text(str(max_tasks))
+            self.max_tasks = max_tasks
+        except OSError:
+            self.max_tasks = None  # no usable pids controller: the caller warns
+
+    @property
+    def procs_files(self) -> list[Path]:
+        """The `cgroup.procs` files a process is written to, to be in every group of this one."""
+        return [self.path / "cgroup.procs"] + ([self.pids_path / "cgroup.procs"] if self.pids_path else [])
+
     def add(self, pid: int) -> None:
         """Move a process in; what it starts from then on is in too."""
-        self._write("cgroup.procs", pid)
+        for procs in self.procs_files:
+            procs.write_text(str(pid))
+
+    def tasks(self) -> int | None:
+        """Host tasks (processes and threads) in the group now, where it has a pids bound."""
+        folder = self.pids_path or self.path
+        try:
+            return int((folder / "pids.current").read_text())
+        except (OSError, ValueError):
+            return None
 
     def usage_bytes(self) -> int:
         return self._read_int("memory.usage_in_bytes" if self.version == 1 else "memory.current")
@@ -112,6 +166,8 @@ class MemoryCgroup:
         """Delete the group: kill what is left in it, then rmdir (busy until the kernel has
         finished with the dead processes)."""
         _remove(self.path, timeout)
+        if self.pids_path is not None:
+            _remove(self.pids_path, timeout)
 
     def _write(self, name: str, value: int) -> None:
         (self.path / name).write_text(str(value))

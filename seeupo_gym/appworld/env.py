@@ -186,11 +186,13 @@ class AppWorldEnv(gym.Env[str, str]):
         max_output_chars: longer execution outputs are cut, with a note.
         startup_timeout: seconds to wait for a server to come up.
         recycle_after: episodes after which an env's server is restarted.
-        sandbox: "bwrap" (default): model code runs in a bubblewrap sandbox (namespaces of the
-            host's kernel, whose global counters concurrent sandboxes share); "gvisor": in a
-            gVisor sandbox, a kernel of its own (see `seeupo_gym.appworld.sandbox` and
-            docs/envs.md for the cost); "auto": gvisor where runsc runs here, else bwrap with a
-            warning. A machine that cannot run the one named gets an error naming what is missing. "none": no sandbox,
+        sandbox: "auto" (default): "gvisor" where runsc runs here, else "bwrap" with a one-line
+            warning naming what stays open. "gvisor": model code runs in a gVisor sandbox, a
+            kernel of its own, and each episode in a sandbox no earlier episode ran in (started
+            ahead, off the reset's path; see `seeupo_gym.appworld.sandbox` and docs/envs.md for
+            the cost). "bwrap": in a bubblewrap sandbox (namespaces of the host's kernel, whose
+            global counters every sandbox shares: a channel between episodes). A machine that
+            cannot run the one named gets an error naming what is missing. "none": no sandbox,
             model code runs as you and can reach your files, network and the grader: unsafe for
             training, for debugging only. From the trainer's config only, never from a data row.
         limits: rlimits of each episode's process and the memory of its sandbox (`SandboxLimits`,
@@ -215,7 +217,7 @@ class AppWorldEnv(gym.Env[str, str]):
         max_output_chars: int = 20_000,
         startup_timeout: float = 180.0,
         recycle_after: int = 300,
-        sandbox: str = "bwrap",
+        sandbox: str = "auto",
         limits: SandboxLimits | dict[str, Any] | None = None,
         action_format: str = "react",
         tool_parser: str = "hermes",

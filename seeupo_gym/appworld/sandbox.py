@@ -4,8 +4,9 @@ Backends (`Launcher`'s mode, from the trainer's config only): "gvisor" gives eac
 kernel of its own (`runsc`, below); "bwrap" gives it namespaces of the host's kernel, whose
 machine-wide counters (the inode counter, ...) stay shared between concurrent sandboxes;
 "auto" is gvisor where `runsc` runs here, else bwrap with a warning that names the open
-channel; "none" runs model code unsandboxed (unsafe for training). The envs' default is bwrap
-(docs/envs.md says why and what gVisor costs).
+channel; "none" runs model code unsandboxed (unsafe for training). The envs' default is auto:
+where runsc runs, no kernel counter is shared between concurrent episodes or consecutive ones
+(`server.AppWorldServer` gives each episode a fresh gVisor sandbox; docs/envs.md has the cost).
 
 A sandboxed worker runs as the unprivileged user nobody (65534) in its own user, PID, IPC,
 network, UTS, cgroup and mount namespaces: no network at all (the host talks to it over an
@@ -45,8 +46,10 @@ seccomp filter) has its own inode numbers, pipes, PIDs, IPC, /proc and /sys: no 
 host kernel is visible to model code, so concurrent sandboxes share none. The whole sandbox
 (runsc, its gofer and Sentry) is in the memory cgroup, and dies with its parent (`setpriv
 --pdeathsig`; runsc takes its Sentry and gofer down with it). The warm parent puts each
-episode in user, PID, IPC and mount namespaces of gVisor's kernel as under bwrap; the episodes
-of one worker share that kernel, one after another (as they share the host's under bwrap).
+episode in user, PID, IPC and mount namespaces of gVisor's kernel as under bwrap; a cell
+worker serves one episode (`SandboxLimits.fresh_kernel_per_episode`), so no two episodes share
+a kernel. The whole sandbox's host tasks are bounded too (`SandboxLimits.host_tasks`, a pids
+cgroup beside the memory one).
 """
 
 from __future__ import annotations
@@ -103,6 +106,14 @@ class SandboxLimits:
     (`server.exclusive_step`), which closes the CPU-contention channel between concurrent
     episodes (README, "Channels that remain") at the price of their parallelism; a step waits
     at most exclusive_wait_s for its turn, then fails as a timeout.
+    host_tasks: host processes and threads of one gVisor sandbox (runsc, gofer, Sentry and its
+    stubs; a pids cgroup, with the memory one): gVisor's ptrace platform runs the sandbox's 64
+    processes as about 500 host tasks, so without it some 64 sandboxes exhaust a pid_max of
+    32768. Past it the sandbox's new processes fail or the sandbox dies (its episode ends).
+    fresh_kernel_per_episode: under gVisor, each episode gets a cell sandbox (a kernel) no
+    earlier episode ran in, started ahead while the previous episode runs (`AppWorldServer`);
+    False lets an env's episodes follow each other in one kernel (its counters then carry data
+    from one to the next).
     """
 
     memory_mb: int = 3072
@@ -116,10 +127,14 @@ class SandboxLimits:
     locked_mb: int = 0
     exclusive_steps: bool = False
     exclusive_wait_s: float = 600.0
+    host_tasks: int = 384
+    fresh_kernel_per_episode: bool = True
 
     def __post_init__(self) -> None:
         if not self.exclusive_wait_s > 0:
             raise ValueError(f"exclusive_wait_s must be > 0, got {self.exclusive_wait_s}")
+        if self.host_tasks < 128:
+            raise ValueError(f"host_tasks must be >= 128 (an idle gVisor sandbox holds about 100), got {self.host_tasks}")
         if self.total_memory_mb <= self.memory_mb:
             raise ValueError(
                 f"total_memory_mb ({self.total_memory_mb}) must exceed memory_mb ({self.memory_mb}): "
@@ -281,6 +296,7 @@ class Launcher:
         log: IO[bytes],
         cgroup: MemoryCgroup | None = None,
         filter_per_process: bool = False,
+        slot: str = "",
     ) -> subprocess.Popen[bytes]:
         """Start `worker/<script>` with `control_fd` as its only channel to the host, inside
         `cgroup` (all it starts too) if given.
@@ -291,9 +307,11 @@ class Launcher:
         a file's path under gVisor: its second argument) and loads it itself on the processes
         that run model code, after making their namespaces (`worker/cells.py`); the sandbox
         then loads none, and nested user namespaces stay allowed until then.
+        `slot`: workers of one script that run at the same time (a cell sandbox and the one
+        started ahead of the next episode) need slots of their own for their gVisor bundles.
         """
         if self.runsc is not None:
-            return self._spawn_gvisor(script, control_fd, mounts, host_root, log, cgroup, filter_per_process)
+            return self._spawn_gvisor(script, control_fd, mounts, host_root, log, cgroup, filter_per_process, slot)
         if self.bwrap is None:
             return self._spawn_unsandboxed(script, control_fd, mounts, host_root, log)
         command = self._bwrap_command(mounts, filter_per_process=filter_per_process)
@@ -308,10 +326,10 @@ class Launcher:
 
     def _spawn_gvisor(
         self, script: str, control_fd: int, mounts: Mounts, host_root: Path, log: IO[bytes],
-        cgroup: MemoryCgroup | None, filter_per_process: bool,
+        cgroup: MemoryCgroup | None, filter_per_process: bool, slot: str = "",
     ) -> subprocess.Popen[bytes]:
-        stem = Path(script).stem
-        for old in host_root.glob(f"gvisor-{stem}-*"):  # the last one's sandbox is dead (killed first)
+        stem = Path(script).stem + slot
+        for old in host_root.glob(f"gvisor-{stem}-*"):  # this slot's last sandbox is dead (killed first)
             shutil.rmtree(old, ignore_errors=True)
         bundle = host_root / f"gvisor-{stem}-{next(_bundles)}"
         bundle.mkdir()
@@ -330,8 +348,9 @@ class Launcher:
             args.append("none")
         command = self._gvisor_command(bundle, mounts, args, extra)
         if cgroup is not None:
-            # In the cgroup before runsc starts anything: its gofer and Sentry are in it from birth.
-            command[4:4] = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs")]
+            # In the cgroup(s) before runsc starts anything: its gofer and Sentry are in them from birth.
+            command[4:4] = ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 1; shift; done; '
+                            'shift; exec "$@"', "sh", *map(str, cgroup.procs_files), "--"]
         return subprocess.Popen(
             command, stdin=control_fd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -589,10 +608,11 @@ _CHECKED: set[tuple[str, str]] = set()  # (bwrap or runsc, python) pairs whose s
 @functools.cache  # once per reason and process
 def _warn_no_gvisor(reason: str) -> None:
     logger.warning(
-        "AppWorld sandboxes fall back to bubblewrap: gVisor cannot run here (%s). Concurrent bubblewrap "
-        "sandboxes share the host's kernel, whose global counters (the inode counter) carry data between "
-        "episodes (docs/envs.md, 'Sandbox'); install runsc (`make runsc`) to give each sandbox a kernel of its "
-        "own, or pass sandbox='bwrap' to choose this knowingly.", reason,
+        "AppWorld sandboxes fall back to bubblewrap: gVisor cannot run here (%s). What stays open: every "
+        "bubblewrap sandbox shares the host's kernel, whose global counters (the inode and pipe counters) carry "
+        "data between concurrent and consecutive episodes (docs/envs.md, 'Sandbox'); install runsc (`make runsc`) "
+        "to give each episode a kernel of its own, or pass sandbox='bwrap' to choose this knowingly.",
+        " ".join(reason.split()),
     )
 
 

@@ -127,9 +127,11 @@ class _Worker:
 
     def __init__(
         self, script: str, launcher: Launcher, mounts: Mounts, root: Path, memory_limit_mb: int | None = None,
-        filter_per_process: bool = False,
+        filter_per_process: bool = False, max_tasks: int | None = None, slot: str = "",
     ) -> None:
         self.script = script
+        self.slot = slot
+        self._max_tasks = max_tasks if launcher.mode == "gvisor" else None  # bwrap: RLIMIT_NPROC per sandbox
         self._filter_per_process = filter_per_process
         self._launcher = launcher
         self._mounts = mounts
@@ -142,7 +144,7 @@ class _Worker:
 
     @property
     def log_path(self) -> Path:
-        return self._root / f"{self.script}.log"
+        return self._root / f"{self.script}{self.slot}.log"
 
     @property
     def pid(self) -> int | None:
@@ -154,13 +156,13 @@ class _Worker:
 
     def start(self) -> None:
         self.kill()
-        self.cgroup = _memory_cgroup(self._memory_limit_mb)
+        self.cgroup = _memory_cgroup(self._memory_limit_mb, self._max_tasks)
         host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with open(self.log_path, "ab") as log:
                 self._process = self._launcher.spawn(
                     self.script, worker_end.fileno(), self._mounts, self._root, log, cgroup=self.cgroup,
-                    filter_per_process=self._filter_per_process,
+                    filter_per_process=self._filter_per_process, slot=self.slot,
                 )
         except BaseException:
             host_end.close()
@@ -260,10 +262,11 @@ class AppWorldServer:
         data_dir: the AppWorld `data` folder (the grader sees all of it; an episode sees only
             its task's public files and the API docs).
         startup_timeout: seconds to wait for the workers to come up.
-        sandbox: "bwrap" (default: namespaces of the host's kernel), "gvisor" (a kernel per
-            sandbox), "auto" (gvisor where runsc runs here, else bwrap with a warning) or "none":
-            run model code unsandboxed, as the caller's user, with the caller's file system
-            (unsafe for training; for debugging only). See `sandbox.py`.
+        sandbox: "auto" (default: gvisor where runsc runs here, else bwrap with a warning),
+            "gvisor" (a kernel per sandbox and, with `limits.fresh_kernel_per_episode`, per
+            episode), "bwrap" (namespaces of the host's kernel, whose counters every sandbox
+            shares) or "none": run model code unsandboxed, as the caller's user, with the
+            caller's file system (unsafe for training; for debugging only). See `sandbox.py`.
         limits: rlimits of each episode's process, the memory of the whole cell sandbox and the
             size of its scratch space (`SandboxLimits`).
     """
@@ -273,7 +276,7 @@ class AppWorldServer:
         python: Path,
         data_dir: Path,
         startup_timeout: float = 180.0,
-        sandbox: str = "bwrap",
+        sandbox: str = "auto",
         limits: SandboxLimits | None = None,
     ) -> None:
         self.python = Path(python)
@@ -299,11 +302,21 @@ class AppWorldServer:
             if (self.data_dir / shared).is_dir():
                 (self._view / shared).mkdir()
                 cell_binds.append((self.data_dir / shared, f"{APPWORLD_ROOT}/data/{shared}"))
-        self._cells = _Worker("cells.py", launcher, Mounts(cell_binds), self.root, self.limits.total_memory_mb,
-                              filter_per_process=True)
+        def cells(slot: str) -> _Worker:
+            return _Worker("cells.py", launcher, Mounts(cell_binds), self.root, self.limits.total_memory_mb,
+                           filter_per_process=True, max_tasks=self.limits.host_tasks, slot=slot)
+
+        self._new_cells = cells
+        self._cells = cells("")
+        # Under gVisor each episode gets a cell sandbox no episode ran in: the next one is started
+        # while the current episode runs (its start-up, ~10 s, stays off the reset's path).
+        self.fresh_kernels = self.sandbox == "gvisor" and self.limits.fresh_kernel_per_episode
+        self._spare: _Worker | None = None
+        self._cells_used = False  # an episode has run in self._cells
         self._grader = _Worker(
             "grader.py", launcher, Mounts([(self.data_dir, f"{APPWORLD_ROOT}/data")], experiments_from=self._final),
             self.root, self.limits.total_memory_mb,  # a memory bound of its own: it replays model-written SQL
+            max_tasks=self.limits.host_tasks,
         )
         self._episode: socket.socket | None = None
         self._episode_task: str | None = None
@@ -349,9 +362,32 @@ class AppWorldServer:
         self.start()
         self.wait_ready()
 
+    def _retire_cells(self) -> None:
+        """Under `fresh_kernels`: kill the cell sandbox an episode ran in and put the one started
+        ahead in its place (or start one now, where none was)."""
+        if not (self.fresh_kernels and self._cells_used):
+            return
+        self._cells.kill()
+        spare, self._spare = self._spare, None
+        if spare is None or not spare.alive:
+            if spare is not None:
+                spare.kill()
+            spare = self._new_cells("-b" if self._cells.slot != "-b" else "-a")
+            spare.start()
+        self._cells, self._cells_used = spare, False
+
+    def _start_spare(self) -> None:
+        if self.fresh_kernels and self._spare is None:
+            self._spare = self._new_cells("-b" if self._cells.slot != "-b" else "-a")
+            self._spare.start()
+
     def kill(self) -> None:
         self._cells.kill()
         self._grader.kill()
+        if self._spare is not None:
+            self._spare.kill()
+            self._spare = None
+        self._cells_used = False
         if self._episode is not None:
             _close_when_peer_gone(self._episode)
         self._drop_episode()
@@ -377,9 +413,12 @@ class AppWorldServer:
         """Fork a fresh episode process, open `task_id`'s world in it; returns the task's
         instruction, supervisor and datetime."""
         self.close_episode(collect=False)
+        self._retire_cells()
+        self._cells.wait_ready(self.startup_timeout)
         self._show_task(task_id)
         host_end, episode_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cpu_seconds = max_interactions * (timeout_seconds + 10)
+        self._cells_used = True
         try:
             self._cells.request(
                 {"op": "begin", "limits": self.limits.rlimits(cpu_seconds)}, timeout=CONTROL_TIMEOUT_S,
@@ -396,6 +435,7 @@ class AppWorldServer:
         request = {"op": "initialize", "task_id": task_id, "timeout_seconds": timeout_seconds,
                    "max_interactions": max_interactions}
         summary = self._episode_request(request, timeout)
+        self._start_spare()  # after the world is open: its start-up does not slow this reset
         if not (isinstance(summary, dict) and isinstance(summary.get("supervisor"), dict)):
             self._end_failed_episode()
             raise ServerDied("the episode's process sent a malformed task summary; killed it")
@@ -441,6 +481,7 @@ class AppWorldServer:
         # The warm parent only kills, reads files and empties the scratch: a parent that takes
         # longer was stopped by the episode, and the step must end within its deadline.
         output = self._cells.request({"op": "end", "task_id": task_id, "collect": collect}, timeout=CONTROL_TIMEOUT_S)
+        self._retire_cells()  # the kernel the episode ran in serves no later episode
         return output["state"] if collect else None
 
     def episode_state(self) -> dict[str, str]:
@@ -527,6 +568,8 @@ class AppWorldServer:
                                        timeout=CONTROL_TIMEOUT_S)["ended"]
         except (ServerDied, ServerTimeout, ServerError) as error:
             return f"and the cell worker failed too: {error}"
+        finally:
+            self._retire_cells()
 
     def _drop_episode(self) -> None:
         if self._episode is not None:
@@ -543,16 +586,25 @@ class AppWorldServer:
         shutil.copytree(source / "dbs", target / "dbs", copy_function=_link_or_copy)
 
 
-def _memory_cgroup(limit_mb: int | None) -> MemoryCgroup | None:
-    """A memory cgroup with this limit, or None (with a warning) where this machine gives us
-    none: memory is then bounded per process only."""
+def _memory_cgroup(limit_mb: int | None, max_tasks: int | None = None) -> MemoryCgroup | None:
+    """A memory cgroup with this limit (and host-task bound), or None (with a warning) where
+    this machine gives us none: memory is then bounded per process only."""
     if limit_mb is None:
         return None
     try:
-        return MemoryCgroup(limit_mb * 2**20)
+        group = MemoryCgroup(limit_mb * 2**20, max_tasks=max_tasks)
     except MemoryCgroupUnavailable as error:
         _warn_no_cgroup(str(error))
         return None
+    if max_tasks is not None and group.max_tasks is None:
+        _warn_no_pids_cgroup()
+    return group
+
+
+@functools.cache
+def _warn_no_pids_cgroup() -> None:
+    logger.warning("AppWorld gVisor sandboxes get no bound on their host tasks (no usable pids cgroup here): "
+                   "each runs up to about 500 host threads and processes at its 64-process limit")
 
 
 @functools.cache  # once per reason and process, not at every server start
@@ -624,7 +676,7 @@ class ServerPool:
         python: str | os.PathLike[str] | None = None,
         startup_timeout: float = 180.0,
         recycle_after: int = 300,
-        sandbox: str = "bwrap",
+        sandbox: str = "auto",
         limits: SandboxLimits | None = None,
     ) -> None:
         self.python = find_python(python)
