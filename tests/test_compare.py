@@ -103,7 +103,9 @@ def synthetic_folder(tmp_path: Path) -> Path:
         lines.append({"algorithm": label, "seed": seed, "step": 0.0, "eval/avg@2": 0.1, "eval/pass@2": 0.2})
         for step, value in enumerate(values, start=1):
             lines.append({"algorithm": label, "seed": seed, "step": float(step), "rollout/reward_mean": value,
-                          "time/rollout_s": 2.0 if label == "seeupo" else 1.0, "time/update_s": 1.0})
+                          "time/rollout_s": 2.0 if label == "seeupo" else 1.0, "time/update_s": 1.0,
+                          "rollout/trajectories": 8.0, "budget/optimizer_steps": 3.0 if label == "seeupo" else 1.0,
+                          "budget/gradient_tokens": 60.0 if label == "seeupo" else 40.0 + seed})
         avg, passed = finals[(label, seed)]
         lines.append({"algorithm": label, "seed": seed, "step": 3.0, "eval/avg@2": avg, "eval/pass@2": passed})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -130,6 +132,21 @@ def test_report_numbers_are_means_over_seeds_and_the_best_is_bold(tmp_path):
     assert all("**" not in line.split("|")[column] for line in (seeupo_line, grpo_line) for column in (2, 4))
     assert (folder / "curves.png").read_bytes()[:8] == PNG_MAGIC
     assert "total wall time **2.0 min**" in report
+
+
+def test_the_report_states_each_algorithms_rollouts_optimizer_steps_and_gradient_tokens(tmp_path):
+    folder = synthetic_folder(tmp_path)
+    report = write_report(folder).read_text()
+    budget = report.split("## Budget", 1)[1].split("##", 1)[0]
+    assert "optimizer steps / step" in budget and "gradient tokens / step" in budget
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in budget.splitlines() if line.startswith("| seeupo |") or line.startswith("| grpo |")}
+    # rollouts / step, in all; optimizer steps / step, in all; gradient tokens / step, in all; wall time
+    assert rows["seeupo"] == ["8.0", "24", "3.0", "9", "60", "180", "9.0"]
+    assert rows["grpo"] == ["8.0", "24", "1.0", "3", "40", "122", "6.0"]  # tokens 40 and 41 per step by seed
+    assert "Budget matched: **samples" in report
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["match"] == "samples" and summary["algorithms"]["seeupo"]["optimizer_steps_total"] == 9.0
 
 
 def test_report_only_rebuilds_from_the_jsonl(tmp_path, capsys):
@@ -182,6 +199,24 @@ def test_a_run_failing_after_its_first_step_keeps_a_checkpoint_of_it(tmp_path):
     assert "boom in the second update" in summary["failures"]["late_boom/seed-0"]
     # The trainer's loop ran the steps, so its checkpoint-on-failure kept step 1.
     assert [p.name for p in (out / "late_boom" / "seed-0" / "checkpoints").iterdir()] == ["step-1"]
+
+
+def test_a_steps_matched_comparison_gives_every_method_the_same_optimizer_steps(tmp_path):
+    out = tmp_path / "cmp"
+    code = main(["--config", str(write_config(tmp_path)), "--algorithms", "seeupo,grpo", "--match", "steps",
+                 "--eval-every", "0", "--no-eval-at-start", "-k", "1", "--eval-tasks", "1", "--out", str(out),
+                 "--no-progress", "env.kwargs.variant=follow"])  # follow: every episode runs both turns
+    assert code == 0
+    train = {r["algorithm"]: r for r in read_records(out / "metrics.jsonl") if "rollout/reward_mean" in r}
+    # SeeUPO: one step per turn pool (2); GRPO: one per epoch, raised to 2 epochs.
+    assert train["seeupo"]["budget/optimizer_steps"] == train["grpo"]["budget/optimizer_steps"] == 2.0
+    assert train["grpo"]["update/budget_epochs"] == 2.0 and train["seeupo"]["update/budget_epochs"] == 1.0
+    # Steps matched, tokens not: each GRPO epoch trains on every turn, SeeUPO's pools each on one turn.
+    assert train["grpo"]["budget/gradient_tokens"] == 2 * train["seeupo"]["budget/gradient_tokens"] > 0
+    report = (out / "report.md").read_text()
+    assert "Budget matched: **optimizer steps" in report
+    assert " at matched optimizer steps" in report.strip().splitlines()[-1]
+    assert json.loads((out / "run.json").read_text())["match"] == "steps"
 
 
 def test_the_shared_config_may_be_a_preset_name():

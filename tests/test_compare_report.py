@@ -89,7 +89,7 @@ def test_every_compare_report_ends_with_a_winner_line_naming_the_margin(tmp_path
     last = report.strip().splitlines()[-1]
     summary = json.loads((tmp_path / "synthetic" / "summary.json").read_text())["algorithms"]
     best = max(summary, key=lambda label: summary[label]["eval_last"])
-    assert last.startswith(f"**Winner**: {best}, final eval avg@2 "), last
+    assert last.startswith(f"**Winner**: {best} at matched samples, final eval avg@2 "), last
     assert "margin +" in last
 
 
@@ -102,18 +102,28 @@ def test_a_flat_comparison_names_no_winner(tmp_path):
 @pytest.mark.parametrize(
     "scores, expected",
     [
-        # (label, mean, sd, seeds): a margin of 0.2 against sds of 0.05 and 0.1 is a win
-        ([("grpo", 0.5, 0.1, 3), ("seeupo", 0.7, 0.05, 3)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
-         "(margin +0.200, larger than the spread over seeds (sd up to 0.100))."),
-        # the same margin inside an sd of 0.25 is a tie
-        ([("grpo", 0.5, 0.25, 3), ("seeupo", 0.7, 0.05, 3)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
-         "(margin +0.200, inside the spread over seeds (sd up to 0.250): a tie)."),
-        ([("grpo", 0.5, 0.0, 1), ("seeupo", 0.7, 0.0, 1)], "**Winner**: seeupo, m 0.700 vs 0.500 for grpo "
-         "(margin +0.200, one seed, so no spread to weigh the margin against)."),
-        ([("grpo", 0.5, 0.0, 2), ("seeupo", float("nan"), 0.0, 2)], "**Winner**: none (fewer than two runs have a final m)."),
+        # (label, mean, lowest seed, highest seed, seeds): seeupo's worst seed above grpo's best: a win
+        ([("grpo", 0.5, 0.4, 0.6, 3), ("seeupo", 0.7, 0.65, 0.75, 3)],
+         "**Winner**: seeupo at matched optimizer steps, m 0.700 vs 0.500 for grpo (margin +0.200; over seeds "
+         "seeupo [0.650, 0.750] lies above grpo [0.400, 0.600])."),
+        # the same margin with intervals that overlap names no winner
+        ([("grpo", 0.5, 0.2, 0.8, 3), ("seeupo", 0.7, 0.65, 0.75, 3)],
+         "**Winner**: none at matched optimizer steps: seeupo leads, m 0.700 vs 0.500 for grpo (margin +0.200), "
+         "inside the spread over seeds (seeupo [0.650, 0.750] and grpo [0.200, 0.800] overlap)."),
+        ([("grpo", 0.5, 0.5, 0.5, 1), ("seeupo", 0.7, 0.7, 0.7, 1)],
+         "**Winner**: none at matched optimizer steps: seeupo leads, m 0.700 vs 0.500 for grpo (margin +0.200), "
+         "but with one seed there is no spread over seeds to weigh it."),
+        ([("grpo", 0.5, 0.4, 0.6, 2), ("seeupo", float("nan"), 0.0, 0.0, 2)],
+         "**Winner**: none at matched optimizer steps (fewer than two runs have a final m)."),
     ],
 )
-def test_the_winner_line_weighs_the_margin_against_the_spread_over_seeds(scores, expected):
+def test_the_winner_line_names_a_winner_only_outside_the_spread_over_seeds_and_names_the_budget(scores, expected):
     from seeupo_gym.training.compare.report import winner_line
 
-    assert winner_line(scores, "m") == expected
+    assert winner_line(scores, "m", "steps") == expected
+
+
+def test_a_models_winner_line_names_no_budget():
+    from seeupo_gym.training.compare.report import winner_line
+
+    assert winner_line([("a", 0.9, 0.9, 0.9, 2), ("b", 0.1, 0.1, 0.1, 2)], "avg@2").startswith("**Winner**: a, avg@2")

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from seeupo_gym.agents.seeding import derive_seed
 from seeupo_gym.algorithms.base import Algorithm, UpdateSelection, algorithm_class, load_plugin
+from seeupo_gym.algorithms.budget import CountingLearner
 from seeupo_gym.training import checkpoint as ckpt
 from seeupo_gym.training.collection import RolloutError, collect, rollout_metrics
 from seeupo_gym.training.config import (
@@ -373,8 +374,10 @@ class Trainer:
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, step, _UPDATE))
         if not overlapped:  # an overlapped collection keeps sampling through the update
             self._release_generation_memory()
-        metrics = self.algorithm.update(batch, self.learner, generator)
+        counted = CountingLearner(self.learner)  # what the update spent, whichever algorithm it is
+        metrics = self.algorithm.update(batch, counted, generator)
         record.update({f"update/{k}": float(v) for k, v in metrics.items()})
+        record.update({f"budget/{k}": v for k, v in counted.budget().as_metrics().items()})
         if metrics.get("skipped_empty_batch"):
             logger.warning("step %d: no trajectories to learn from; skipping the update", step)
         elif not overlapped:

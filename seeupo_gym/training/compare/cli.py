@@ -5,6 +5,8 @@
     # an ablation: a label=name pair runs `name` under `label`, --set gives it options
     seeupo-compare --config demo --algorithms seeupo,natural=seeupo --set natural.order=natural
     seeupo-compare --report-only runs/demo        # rebuild report.md / curves.png from the JSONL
+    # every method as many optimizer steps per batch as the one taking the most (SeeUPO's per turn pool)
+    seeupo-compare --config smoke-multiturn --algorithms seeupo,gigpo --match steps
 
     # models side by side (evaluation only, seeupo-eval's protocol): a model per label
     seeupo-compare --model base=embedded --model trained=runs/demo/seeupo/seed-0/checkpoints/step-8 \
@@ -23,6 +25,7 @@ import shlex
 import sys
 from typing import Any
 
+from seeupo_gym.training.compare.match import MATCHES
 from seeupo_gym.training.compare.plan import (
     EvalPlan,
     build_models_plan,
@@ -65,6 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, the same for every algorithm (default 0)")
     parser.add_argument("--out", help="run folder (default: log.output_dir of the config)")
     parser.add_argument("--plugin", action="append", default=[], help="Python file registering algorithms (repeatable)")
+    parser.add_argument("--match", choices=MATCHES,
+                        help="the budget held equal: samples (default; the same rollouts, each method its own optimizer "
+                        "steps) or steps (also as many optimizer steps per batch as the method taking the most, "
+                        "through more epochs)")
     group = parser.add_argument_group("evaluation")
     group.add_argument("--eval-every", type=int, default=EvalPlan.every, help="steps between evaluations (0: start and end only)")
     group.add_argument("-k", "--eval-k", type=int, default=EvalPlan.k, help="k of avg@k / pass@k")
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_plan,
             options=parse_sets(args.set),
             save_checkpoints=args.save_checkpoints,
+            match=args.match or "samples",
         )
         check_training_server(plan.runs[0].config)  # generation.backend: openai, before any run
     except ConfigError as error:
@@ -172,8 +180,8 @@ def _compare_models(args: argparse.Namespace, raw: dict[str, Any], argv: list[st
 
     if args.algorithms:
         raise ConfigError("--model evaluates models and --algorithms trains; give one of them")
-    if args.plugin or args.save_checkpoints or args.no_eval_at_start or args.eval_every != EvalPlan.every:
-        raise ConfigError("--plugin, --save-checkpoints, --eval-every and --no-eval-at-start are for training "
+    if args.plugin or args.save_checkpoints or args.no_eval_at_start or args.eval_every != EvalPlan.every or args.match:
+        raise ConfigError("--plugin, --save-checkpoints, --eval-every, --no-eval-at-start and --match are for training "
                           "comparisons; a --model comparison evaluates once per model and seed")
     if not isinstance(args.eval_env_kwargs, dict):
         raise ConfigError(f"--eval-env-kwargs must be a JSON object, got {args.eval_env_kwargs!r}")

@@ -63,6 +63,18 @@ class ComparePlan:
     eval_tasks: list[str]
     output_dir: Path
     save_checkpoints: bool = False
+    # The budget held equal across methods: samples | steps (`match.py`).
+    match: str = "samples"
+
+    def compared_algorithms(self) -> list[Any]:
+        """One algorithm per label, built from its first run's config: the methods a step-matched run
+        takes its target from (`match.StepMatched`)."""
+        from seeupo_gym.training.trainer import build_algorithm
+
+        first: dict[str, RunSpec] = {}
+        for run in self.runs:
+            first.setdefault(run.label, run)
+        return [build_algorithm(run.config) for run in first.values()]
 
 
 def plan_token_budget(plan: ComparePlan) -> int:
@@ -158,12 +170,17 @@ def build_plan(
     eval_plan: EvalPlan,
     options: dict[str, dict[str, Any]] | None = None,
     save_checkpoints: bool = False,
+    match: str = "samples",
 ) -> ComparePlan:
     """Resolve and check every run's config before any run starts (errors name the key)."""
+    from seeupo_gym.training.compare.match import MATCHES
+
     from seeupo_gym.training.tasks import eval_task_ids, train_task_ids
     from seeupo_gym.training.trainer import build_algorithm, check_trackers
 
     options = options or {}
+    if match not in MATCHES:
+        raise ConfigError(f"--match must be one of {MATCHES}, got {match!r}")
     unknown = sorted(set(options) - set(algorithms))
     if unknown:
         raise ConfigError(f"--set names {unknown}, which are not among --algorithms labels {sorted(algorithms)}")
@@ -203,7 +220,7 @@ def build_plan(
     tasks = list(eval_plan.tasks or eval_task_ids(base.env, eval_plan.env_kwargs))
     if eval_plan.max_tasks:
         tasks = tasks[: eval_plan.max_tasks]
-    return ComparePlan(runs, eval_plan, tasks, output, save_checkpoints)
+    return ComparePlan(runs, eval_plan, tasks, output, save_checkpoints, match)
 
 
 # --------------------------------------------------------------------------- models, side by side

@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+from seeupo_gym.training.compare.match import MATCH_TEXT
 from seeupo_gym.training.compare.plots import plot_curves, plot_scores
 from seeupo_gym.training.compare.stats import (
     ModelRow,
@@ -79,6 +80,20 @@ def final_table(rows: Sequence[Row], k: int) -> str:
         (f"eval pass@{k}, final", lambda r: r.pass_last, lambda r: r.pass_last_sd, True, 3),
         ("s / train step", lambda r: r.step_seconds, lambda r: None, False, 1),
         ("of which update", lambda r: r.update_seconds, lambda r: None, False, 1),
+    ]
+    return _bold_best_table("algorithm", columns, rows)
+
+
+def budget_table(rows: Sequence[Row]) -> str:
+    """What each method spent per training step and in all (no best: a budget is not a score)."""
+    columns = [
+        ("rollouts / step", lambda r: r.rollouts_per_step, lambda r: None, None, 1),
+        ("rollouts in all", lambda r: r.rollouts_total, lambda r: None, None, 0),
+        ("optimizer steps / step", lambda r: r.optimizer_steps_per_step, lambda r: None, None, 1),
+        ("optimizer steps in all", lambda r: r.optimizer_steps_total, lambda r: None, None, 0),
+        ("gradient tokens / step", lambda r: r.gradient_tokens_per_step, lambda r: None, None, 0),
+        ("gradient tokens in all", lambda r: r.gradient_tokens_total, lambda r: None, None, 0),
+        ("wall time, s", lambda r: r.train_seconds, lambda r: None, None, 1),
     ]
     return _bold_best_table("algorithm", columns, rows)
 
@@ -178,6 +193,7 @@ def write_report(folder: str | Path) -> Path:
 
     wall = info.get("wall_seconds")
     failures = info.get("failures") or {}
+    matched = info.get("match", "samples")  # folders from before --match held samples
     incomplete = [f"{row.label} ({row.steps} of {train['steps']} steps)" for row in rows if row.steps < train["steps"]]
     lines = [
         f"# {', '.join(labels)} on {env['id']}",
@@ -191,6 +207,7 @@ def write_report(folder: str | Path) -> Path:
         f"Evaluation: {len(info['eval_tasks'])} tasks x {info['eval']['n']} rollouts at temperature "
         f"{info['eval']['temperature']}{' with env kwargs ' + _kwargs_text(info['eval']['env_kwargs']) if info['eval']['env_kwargs'] else ''}, "
         "before training and " + (f"every {info['eval']['every']} steps." if info["eval"]["every"] else "after the last step."),
+        f"Budget matched: **{MATCH_TEXT.get(matched, matched)}**; what each method spent is under *Budget*.",
         "",
         f"Started {info['started']} on {info['host']['cpus']} CPU(s), {info['host']['platform']}"
         + (f"; total wall time **{wall / 60:.1f} min**." if wall else "."),
@@ -204,9 +221,24 @@ def write_report(folder: str | Path) -> Path:
         f"Evaluated on {eval_tasks_text(info)}. Means over seeds (± sd when there are several). *Train reward*: the mean reward of the step's "
         f"rollouts, averaged over the first / last {_window_text(train['steps'])} of the run. *avg@{k}*: mean task score "
         f"over {info['eval']['n']} sampled rollouts per eval task; *pass@{k}*: the unbiased chance that at least one "
-        f"of {k} rollouts succeeds. *s / train step*: wall time of rollout + update. Best per column in **bold**.",
+        f"of {k} rollouts succeeds. *s / train step*: wall time of rollout + update. Best per column in **bold**. "
+        "The winner line names a winner only when its seeds' interval of final eval scores (lowest to highest seed) "
+        "lies wholly above the runner-up's.",
         "",
         "![training reward and eval score versus step](curves.png)",
+        "",
+        "## Budget",
+        "",
+        budget_table(rows),
+        "",
+        f"Means over seeds. *Rollouts*: episodes collected; *optimizer steps*: parameter updates, counted as the "
+        "update ran (SeeUPO: one per non-empty turn pool x epochs x minibatches; a single-phase method one per "
+        "minibatch x epochs); *gradient tokens*: response tokens trained on with autograd, summed over those steps; "
+        "*wall time*: rollout + update over all steps. "
+        + ("Every method's epochs were raised per batch until its steps reached the most any compared method "
+           "takes on that batch (the next whole epoch where its steps per epoch do not divide that target)."
+           if matched == "steps" else "Each method took its own optimizer steps on the same number of rollouts "
+           "(`--match steps` gives every method the most)."),
         "",
         "## Evaluation by step",
         "",
@@ -241,12 +273,14 @@ def write_report(folder: str | Path) -> Path:
         "",
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
         "",
-        winner_line([(r.label, r.eval_last, r.eval_last_sd, r.seeds) for r in rows], f"final eval avg@{k}")
-        if flat is None else "**Winner**: none (every reward was equal: nothing to tell the algorithms apart).",
+        winner_line([(r.label, r.eval_last, r.eval_last_low, r.eval_last_high, r.seeds) for r in rows],
+                    f"final eval avg@{k}", matched)
+        if flat is None else f"**Winner**: none at matched {_MATCHED_WORDS.get(matched, matched)} (every reward was "
+        "equal: nothing to tell the algorithms apart).",
         "",
     ]
     write_run_text(folder / "report.md", "\n".join(lines))
-    summary = {"k": k, "wall_seconds": wall, "failures": failures, "every_reward_equal": flat,
+    summary = {"k": k, "wall_seconds": wall, "failures": failures, "every_reward_equal": flat, "match": matched,
                "algorithms": {row.label: dataclasses.asdict(row) for row in rows}}
     write_run_text(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return folder / "report.md"
@@ -301,26 +335,38 @@ def _signed(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:+.3f}"
 
 
-def winner_line(scores: Sequence[tuple[str, float, float, int]], metric: str) -> str:
-    """The report's last line: the best of (label, mean over seeds, sd over seeds, seeds) by `metric`,
-    its margin over the runner-up, and whether that margin is larger than the spread over seeds (the
-    larger of the two sds). A margin inside the spread is called a tie: seeds alone could reorder them."""
-    ranked = sorted(((value, label, sd, seeds) for label, value, sd, seeds in scores
-                     if value is not None and math.isfinite(value)), reverse=True)
+def winner_line(
+    scores: Sequence[tuple[str, float, float, float, int]], metric: str, matched: str | None = None
+) -> str:
+    """The report's last line: the best of (label, mean over seeds, lowest seed, highest seed, seeds) by
+    `metric` and its margin over the runner-up. The spread over seeds is each method's interval
+    [lowest seed, highest seed]: a winner is named only when the best's interval lies wholly above the
+    runner-up's (no seed of the runner-up reached the best's worst seed), never with one seed.
+    matched: the budget the comparison held equal (`match.MATCHES`), named in the line."""
+    at = f" at matched {_MATCHED_WORDS.get(matched, matched)}" if matched else ""
+    ranked = sorted(((value, label, low, high, seeds) for label, value, low, high, seeds in scores
+                     if value is not None and math.isfinite(value)), key=lambda item: item[0], reverse=True)
     if len(ranked) < 2:
-        return f"**Winner**: none (fewer than two runs have a final {metric})."
-    (best, label, best_sd, seeds), (second, runner_up, second_sd, _) = ranked[0], ranked[1]
+        return f"**Winner**: none{at} (fewer than two runs have a final {metric})."
+    (best, label, low, _, seeds), (second, runner_up, _, second_high, second_seeds) = ranked[0], ranked[1]
     margin = best - second
-    if seeds < 2:
-        verdict = "one seed, so no spread to weigh the margin against"
-    else:
-        spread = max(best_sd, second_sd)
-        verdict = (f"larger than the spread over seeds (sd up to {spread:.3f})" if margin > spread
-                   else f"inside the spread over seeds (sd up to {spread:.3f}): a tie")
     if margin == 0:
-        return f"**Winner**: none: {label} and {runner_up} tie at {metric} {best:.3f}."
-    return (f"**Winner**: {label}, {metric} {best:.3f} vs {second:.3f} for {runner_up} "
-            f"(margin {_signed(margin)}, {verdict}).")
+        return f"**Winner**: none{at}: {label} and {runner_up} tie at {metric} {best:.3f}."
+    lead = f"{metric} {best:.3f} vs {second:.3f} for {runner_up} (margin {_signed(margin)}"
+    if min(seeds, second_seeds) < 2:
+        return f"**Winner**: none{at}: {label} leads, {lead}), but with one seed there is no spread over seeds to weigh it."
+    if low > second_high:
+        return (f"**Winner**: {label}{at}, {lead}; over seeds {label} {_interval(ranked[0])} lies above "
+                f"{runner_up} {_interval(ranked[1])}).")
+    return (f"**Winner**: none{at}: {label} leads, {lead}), inside the spread over seeds ({label} "
+            f"{_interval(ranked[0])} and {runner_up} {_interval(ranked[1])} overlap).")
+
+
+_MATCHED_WORDS = {"samples": "samples", "steps": "optimizer steps"}
+
+
+def _interval(ranked: tuple[float, str, float, float, int]) -> str:
+    return f"[{ranked[2]:.3f}, {ranked[3]:.3f}]"
 
 
 def model_table(rows: Sequence[ModelRow], k: int) -> str:
@@ -406,7 +452,7 @@ def write_models_report(folder: Path, info: dict[str, Any], records: list[dict[s
         "",
         f"Command: `{info.get('command') or 'seeupo-compare'}`",
         "",
-        winner_line([(r.label, r.avg, r.avg_sd, r.seeds) for r in rows], f"avg@{k}"),
+        winner_line([(r.label, r.avg, r.avg_low, r.avg_high, r.seeds) for r in rows], f"avg@{k}"),
         "",
     ]
     write_run_text(folder / "report.md", "\n".join(lines))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seeupo_gym.agents.seeding import derive_seed
+from seeupo_gym.training.compare.match import StepMatched
 from seeupo_gym.training.compare.plan import ComparePlan, ModelRun, ModelsPlan, RunSpec, eval_steps
 from seeupo_gym.training.compare.report import RUN_INFO, write_report
 from seeupo_gym.training.checkpoint import CHECKPOINTS_FOLDER, checkpoints, clear_run_folder
@@ -128,7 +129,9 @@ def check_same_plan(folder: Path, info: dict[str, Any]) -> None:
         before = json.loads((folder / RUN_INFO).read_text())
     except (OSError, ValueError):
         raise ConfigError(f"--resume: {str(folder)!r} holds no comparison to continue ({RUN_INFO} missing)") from None
-    for key in ("runs", "eval", "eval_tasks", "config", "algorithms"):
+    if info.get("kind") != "models":  # a folder from before --match held samples
+        before.setdefault("match", "samples")
+    for key in ("runs", "eval", "eval_tasks", "config", "algorithms", "match"):
         if json.loads(json.dumps(before.get(key), default=str)) != json.loads(json.dumps(info.get(key), default=str)):
             raise ConfigError(f"--resume: the comparison in {str(folder)!r} was planned with other {key}; give the "
                               f"same command with --resume, or a new --out")
@@ -163,6 +166,8 @@ def _run_one(
     else:  # a rerun of a comparison into its folder replaces each run (a run folder holds one run)
         clear_run_folder(run.folder)
     trainer = Trainer(run.config)
+    if plan.match == "steps":
+        trainer.algorithm = StepMatched(trainer.algorithm, plan.compared_algorithms())
     with trainer:
         resumed_at = trainer.state.step
         if resumed_at:
@@ -204,6 +209,7 @@ def _run_info(plan: ComparePlan, command: str) -> dict[str, Any]:
         "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "eval": dataclasses.asdict(plan.eval),
         "eval_tasks": plan.eval_tasks,
+        "match": plan.match,
         "runs": [{"label": r.label, "algorithm": r.algorithm, "seed": r.seed, "folder": str(r.folder)} for r in plan.runs],
         "config": {**first.to_dict(), "algorithm": None},
         "algorithms": {r.label: r.config.to_dict()["algorithm"] for r in plan.runs},

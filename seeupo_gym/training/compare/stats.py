@@ -64,6 +64,31 @@ class Row:
     step_seconds: float
     update_seconds: float
     steps: int
+    # The interval of the final eval over seeds (min, max): the spread a winner's margin must clear.
+    eval_last_low: float = math.nan
+    eval_last_high: float = math.nan
+    # What each run spent (means over seeds): per training step and in all; nan where the records
+    # predate the trainer's budget/* metrics.
+    rollouts_per_step: float = math.nan
+    rollouts_total: float = math.nan
+    optimizer_steps_per_step: float = math.nan
+    optimizer_steps_total: float = math.nan
+    gradient_tokens_per_step: float = math.nan
+    gradient_tokens_total: float = math.nan
+    train_seconds: float = math.nan
+
+
+def low_high(values: Sequence[float]) -> tuple[float, float]:
+    """The interval over seeds (nan for none)."""
+    return (min(values), max(values)) if values else (math.nan, math.nan)
+
+
+def _spent(train: Sequence[dict[str, Any]], key: str) -> tuple[float, float] | None:
+    """(mean per step, total) of `key` over a run's training records; None when a record lacks it."""
+    values = [r.get(key) for r in train]
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return statistics.fmean(values), float(sum(values))
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -95,6 +120,8 @@ def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
         for record in mine:
             by_seed.setdefault(int(record["seed"]), []).append(record)
         firsts, lasts, eval_firsts, eval_lasts, pass_lasts, step_s, update_s, steps = [], [], [], [], [], [], [], []
+        spent: dict[str, list[tuple[float, float]]] = {key: [] for key in _SPENT}
+        train_s = []
         for seed_records in by_seed.values():
             train = [r for r in seed_records if "rollout/reward_mean" in r]
             evals = [r for r in seed_records if f"eval/avg@{k}" in r]
@@ -104,13 +131,23 @@ def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
                 lasts.append(_window(rewards, last=True))
                 step_s += [r.get("time/rollout_s", 0.0) + r.get("time/update_s", 0.0) for r in train]
                 update_s += [r.get("time/update_s", 0.0) for r in train]
+                train_s.append(sum(r.get("time/rollout_s", 0.0) + r.get("time/update_s", 0.0) for r in train))
                 steps.append(len(train))
+                for key in _SPENT:
+                    figures = _spent(train, key)
+                    if figures is not None:
+                        spent[key].append(figures)
             if evals:
                 eval_firsts.append(evals[0][f"eval/avg@{k}"])
                 eval_lasts.append(evals[-1][f"eval/avg@{k}"])
                 pass_lasts.append(evals[-1][f"eval/pass@{k}"])
         eval_last, eval_sd = mean_sd(eval_lasts)
         pass_last, pass_sd = mean_sd(pass_lasts)
+        low, high = low_high(eval_lasts)
+        per_step = {key: mean_sd([f[0] for f in spent[key]])[0] if len(spent[key]) == len(by_seed) else math.nan
+                    for key in _SPENT}
+        total = {key: mean_sd([f[1] for f in spent[key]])[0] if len(spent[key]) == len(by_seed) else math.nan
+                 for key in _SPENT}
         rows.append(
             Row(
                 label=label,
@@ -125,9 +162,23 @@ def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
                 step_seconds=mean_sd(step_s)[0],
                 update_seconds=mean_sd(update_s)[0],
                 steps=max(steps, default=0),
+                eval_last_low=low,
+                eval_last_high=high,
+                rollouts_per_step=per_step["rollout/trajectories"],
+                rollouts_total=total["rollout/trajectories"],
+                optimizer_steps_per_step=per_step["budget/optimizer_steps"],
+                optimizer_steps_total=total["budget/optimizer_steps"],
+                gradient_tokens_per_step=per_step["budget/gradient_tokens"],
+                gradient_tokens_total=total["budget/gradient_tokens"],
+                train_seconds=mean_sd(train_s)[0],
             )
         )
     return rows
+
+
+# Per-step records of what a run spent: rollouts (the collector's), optimizer steps and gradient tokens
+# (the trainer's CountingLearner).
+_SPENT = ("rollout/trajectories", "budget/optimizer_steps", "budget/gradient_tokens")
 
 
 @dataclass
@@ -138,6 +189,8 @@ class ModelRow:
     seeds: int
     avg: float
     avg_sd: float
+    avg_low: float
+    avg_high: float
     passed: float
     passed_sd: float
     # Mean avg@k per category (BFCL: base, miss_func, ...), when the env reports several.
@@ -153,6 +206,7 @@ def model_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
     for label in labels:
         mine = [r for r in records if r.get("algorithm") == label and f"eval/avg@{k}" in r]
         avg, avg_sd = mean_sd([r[f"eval/avg@{k}"] for r in mine])
+        avg_low, avg_high = low_high([r[f"eval/avg@{k}"] for r in mine])
         passed, passed_sd = mean_sd([r[f"eval/pass@{k}"] for r in mine])
         suffix = f"/avg@{k}"
         names = sorted({key[len("eval/"):-len(suffix)] for r in mine for key in r
@@ -164,6 +218,8 @@ def model_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
             seeds=len(mine),
             avg=avg,
             avg_sd=avg_sd,
+            avg_low=avg_low,
+            avg_high=avg_high,
             passed=passed,
             passed_sd=passed_sd,
             categories=categories,
