@@ -109,7 +109,8 @@ def nemo_rl_turn_grpo_advantages(batch: RolloutBatch, cfg: NeMoRLTurnGRPOConfig)
             [t.reward for t in group], leave_one_out=cfg.use_leave_one_out_baseline, normalize=cfg.normalize_rewards
         )
         for trajectory, a_grpo in zip(group, macro):
-            credit = environment_credit(_checked_turn_rewards(trajectory, cfg.raw_reward_atol), cfg.environment_mode, cfg.discount)
+            rewards = _checked_turn_rewards(trajectory, cfg.raw_reward_atol)
+            credit = environment_credit(rewards, cfg.environment_mode, cfg.discount)
             for t, turn in enumerate(trajectory.turns, start=1):
                 auxiliary = credit[t - 1] if turn.num_response_tokens else 0.0
                 out[(trajectory.rollout_id, t)] = cfg.macro_weight * a_grpo + cfg.turn_weight * auxiliary

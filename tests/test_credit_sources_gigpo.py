@@ -131,7 +131,9 @@ def verl_agent(batch, gamma, step_advantage_w, mode, epsilon):
         # Without observations ours anchors on the whole context (a mapping of ours, not the source's).
         anchor_obs[i] = observations[s.t - 1] if observations is not None else ("context", list(s.turn.context_ids))
     step_rewards_ = compute_step_discounted_returns(rewards, traj_index, gamma)
-    advantages = compute_gigpo_outcome_advantage(scores, step_rewards_, anchor_obs, index, traj_index, epsilon, step_advantage_w, mode)
+    advantages = compute_gigpo_outcome_advantage(
+        scores, step_rewards_, anchor_obs, index, traj_index, epsilon, step_advantage_w, mode
+    )
     return {(s.rollout_id, s.t): float(a) for s, a in zip(samples, advantages)}
 
 

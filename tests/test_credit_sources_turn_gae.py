@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from credit_source_batches import max_abs_difference, random_batch, step_rewards
+from seeupo_gym.algorithms.base import make_algorithm
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn
 from seeupo_gym.algorithms.turn_gae import turn_level_gae
 
@@ -118,3 +120,21 @@ def test_turn_gae_passes_over_a_turn_without_tokens_as_areal():
     assert adv[("a", 1)] == pytest.approx(delta1 + 0.9 * delta3)
     assert adv[("a", 2)] == 0.0 and ret[("a", 2)] == 0.0
     assert ret[("a", 1)] == pytest.approx(adv[("a", 1)] + 0.4)
+
+
+class _StubValueLearner:
+    """Stands in for the learner: value of token j of each sample's response = 0.1 x (its turn) + j."""
+
+    def values(self, samples):
+        width = max(s.turn.num_response_tokens for s in samples)
+        return torch.tensor([[0.1 * s.t + j for j in range(width)] for s in samples])
+
+
+def test_turn_gae_with_a_stub_value_learner_takes_first_token_values_and_skips_the_empty_turn():
+    turns = [Turn([0], [1, 2], [0.0, 0.0]), Turn([0, 1], [], []), Turn([0, 1, 2], [3], [0.0])]
+    batch = RolloutBatch([Trajectory("t", "g", "a", turns, 1.0, True)])
+    algorithm = make_algorithm("turn_gae", {"gamma": 1.0, "lam": 1.0})
+    adv = algorithm.turn_advantages(batch, _StubValueLearner())
+    # V_1 = 0.1, V_3 = 0.3; reward 1 on the last turn: A_3 = 1 - 0.3, A_1 = 1 - 0.1.
+    assert adv == pytest.approx({("a", 1): 0.9, ("a", 2): 0.0, ("a", 3): 0.7})
+    assert float(algorithm.old_values[("a", 2)]) == 0.0 and float(algorithm.value_targets[("a", 1)]) == pytest.approx(1.0)
