@@ -41,7 +41,7 @@ def server_processes() -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def pool():
-    with ServerPool(MINI) as shared:
+    with ServerPool(MINI, sandbox="bwrap") as shared:
         yield shared
     assert server_processes() == []
 
@@ -224,7 +224,7 @@ def test_a_stuck_cell_ends_the_episode_at_the_deadline_and_the_next_reset_is_fre
 
 
 def test_a_server_killed_mid_episode_ends_it_and_close_leaves_no_process(pool):
-    env = gym.make("seeupo/AppWorld-v0", split="mini")  # its own server, killed at close()
+    env = gym.make("seeupo/AppWorld-v0", split="mini", sandbox="bwrap")  # its own server, killed at close()
     pids = []
     try:
         env.reset(options={"task_id": "miniphone_1"})
@@ -275,7 +275,7 @@ def test_four_async_envs_run_episodes_concurrently_on_separate_servers():
 
 @pytest.mark.slow
 def test_a_pool_recycles_its_server_after_recycle_after_episodes():
-    with ServerPool(MINI, recycle_after=2) as own_pool:
+    with ServerPool(MINI, recycle_after=2, sandbox="bwrap") as own_pool:
         env = AppWorldEnv(split="mini", server_pool=own_pool)
         try:
             pids = [env.reset(options={"task_id": "mininote_1"})[1]["server_pid"] for _ in range(3)]

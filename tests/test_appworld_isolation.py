@@ -41,7 +41,7 @@ def solution(task_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def server():
-    own = AppWorldServer(find_python(), MINI)
+    own = AppWorldServer(find_python(), MINI, sandbox="bwrap")
     own.start()
     own.wait_ready()
     yield own
@@ -394,7 +394,7 @@ def test_kernel_budgets_shared_with_the_host_cannot_be_used_up(server):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as another user, every sandbox's nobody is that user")
 def test_each_sandbox_is_a_host_user_of_its_own(server):
-    other = AppWorldServer(find_python(), MINI)
+    other = AppWorldServer(find_python(), MINI, sandbox="bwrap")
     try:
         other.start()
         other.wait_ready()
@@ -452,7 +452,7 @@ RECEIVE_BY_LOCKS = """
 
 @pytest.fixture(scope="module")
 def other_server():
-    own = AppWorldServer(find_python(), MINI)
+    own = AppWorldServer(find_python(), MINI, sandbox="bwrap")
     own.start()
     own.wait_ready()
     yield own
@@ -860,7 +860,7 @@ sock, request = f.f_locals['sock'], f.f_locals['request']
 def env():
     patch = pytest.MonkeyPatch()
     patch.setattr("seeupo_gym.appworld.env.refusal", lambda code: None)
-    made = gym.make("seeupo/AppWorld-v0", split="mini", max_turns=10, timeout_seconds=6, response_grace_s=4,
+    made = gym.make("seeupo/AppWorld-v0", split="mini", sandbox="bwrap", max_turns=10, timeout_seconds=6, response_grace_s=4,
                     max_output_chars=20_000)
     yield made
     made.close()
@@ -928,7 +928,7 @@ def test_a_claimed_completion_is_not_a_completed_task(env):
 # Slow suite: waits out a step deadline, ~40 s.
 @pytest.mark.slow
 def test_a_stopped_warm_parent_is_replaced_within_the_step_deadline():
-    with ServerPool(MINI) as pool:
+    with ServerPool(MINI, sandbox="bwrap") as pool:
         env = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool, timeout_seconds=4, response_grace_s=3)
         try:
             env.reset(options={"task_id": "mininote_1"})

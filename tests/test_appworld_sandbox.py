@@ -57,7 +57,7 @@ def orphaned_dirs() -> set[Path]:
 @pytest.fixture(scope="module")
 def server():
     os.environ[SECRET] = "hunter2"  # the trainer's secret: must not reach model code
-    own = AppWorldServer(find_python(), MINI)
+    own = AppWorldServer(find_python(), MINI, sandbox="bwrap")
     own.start()
     own.wait_ready()
     yield own
@@ -68,7 +68,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def pool():
-    with ServerPool(MINI) as shared:
+    with ServerPool(MINI, sandbox="bwrap") as shared:
         yield shared
 
 
@@ -229,7 +229,7 @@ def test_a_cell_raising_base_exceptions_does_not_wedge_later_resets(pool):
 # Slow suite: ~35 s; a kill mid-episode stays in the default suite (test_appworld.py).
 @pytest.mark.slow
 def test_a_server_killed_while_idle_is_replaced_at_once_at_the_next_reset():
-    env = AppWorldEnv(split="mini", startup_timeout=180)
+    env = AppWorldEnv(split="mini", sandbox="bwrap", startup_timeout=180)
     try:
         env.reset(options={"task_id": "minivenmo_2"})
         old_pid = env.server.pid
@@ -272,7 +272,7 @@ print(sorted(P.waitstatus_to_exitcode(P.waitpid(pid, 0)[1]) for pid in kids))
 def test_an_episodes_processes_together_stay_within_the_sandbox_memory_limit():
     cgroup_or_skip()
     limits = SandboxLimits(memory_mb=1024, total_memory_mb=1280)
-    env = AppWorldEnv(split="mini", limits=limits, timeout_seconds=60)
+    env = AppWorldEnv(split="mini", sandbox="bwrap", limits=limits, timeout_seconds=60)
     try:
         env.reset(options={"task_id": "minitodo_2"})
         group = env.server._cells.cgroup
@@ -313,7 +313,7 @@ def test_scratch_files_are_charged_to_the_sandboxs_memory_cgroup():
     holds no more than that limit, and the warm parent lives on."""
     cgroup_or_skip()
     limits = SandboxLimits(memory_mb=384, total_memory_mb=640, scratch_mb=2048, file_size_mb=2048)
-    env = AppWorldEnv(split="mini", limits=limits, timeout_seconds=60)
+    env = AppWorldEnv(split="mini", sandbox="bwrap", limits=limits, timeout_seconds=60)
     try:
         env.reset(options={"task_id": "minitodo_2"})
         group = env.server._cells.cgroup
@@ -370,7 +370,7 @@ def test_sandbox_memory_groups_of_killed_owners_are_removed():
 def test_without_a_memory_cgroup_file_system_the_server_warns_and_still_runs(monkeypatch, tmp_path, caplog):
     # The cgroup root replaced by an empty folder: a container without /sys/fs/cgroup.
     monkeypatch.setattr("seeupo_gym.appworld.cgroup.CGROUP_ROOT", tmp_path)
-    env = AppWorldEnv(split="mini")
+    env = AppWorldEnv(split="mini", sandbox="bwrap")
     try:
         env.reset(options={"task_id": "minitodo_2"})
         assert env.server._cells.cgroup is None
@@ -389,7 +389,7 @@ def test_memory_limits_must_leave_room_for_the_warm_parent():
 OWNER = """
 import sys
 from seeupo_gym.appworld import AppWorldEnv, render_action
-env = AppWorldEnv(split="mini", timeout_seconds=60, response_grace_s=60)
+env = AppWorldEnv(split="mini", sandbox="bwrap", timeout_seconds=60, response_grace_s=60)
 env.reset(options={"task_id": "mininote_1"})
 print(env.server.root, flush=True)
 env.step(render_action("sum(range(10**12))"))  # killed while this runs
@@ -428,7 +428,7 @@ def test_staggered_episodes_keep_info_types_stable_in_vector_envs(mode, pool):
     # One env ends an episode every step while the other is mid-episode: gymnasium merges
     # info per key, so a key that is a dict in one env and None in another would crash.
     shared = {"server_pool": pool} if mode == "sync" else {}  # async workers start their own
-    fns = [lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=1, **shared),
+    fns = [lambda: gym.make("seeupo/AppWorld-v0", split="mini", sandbox="bwrap", max_turns=1, **shared),
            lambda: gym.make("seeupo/AppWorld-v0", split="mini", max_turns=3, **shared)]
     envs = gym.vector.SyncVectorEnv(fns) if mode == "sync" else gym.vector.AsyncVectorEnv(fns, shared_memory=False)
     try:
@@ -460,7 +460,7 @@ def test_a_machine_without_user_namespaces_gets_a_refusal_naming_them(tmp_path):
     script = tmp_path / "no_userns.sh"
     script.write_text(
         "echo 0 > /proc/sys/user/max_user_namespaces\n"
-        f"exec {sys.executable} -c 'from seeupo_gym.appworld import AppWorldEnv; AppWorldEnv(split=\"mini\")'\n"
+        f"exec {sys.executable} -c 'from seeupo_gym.appworld import AppWorldEnv; AppWorldEnv(split=\"mini\", sandbox=\"bwrap\")'\n"
     )
     done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", str(script)], capture_output=True, text=True)
     if "unshare failed" in done.stderr:
@@ -496,7 +496,7 @@ def test_sandbox_none_still_runs_episodes():
 def test_four_async_envs_over_40_staggered_episodes_do_not_mix_and_leave_nothing():
     before = orphaned_dirs()
     envs = gym.make_vec("seeupo/AppWorld-v0", num_envs=4, vectorization_mode="async",
-                        vector_kwargs={"shared_memory": False}, split="mini")
+                        vector_kwargs={"shared_memory": False}, split="mini", sandbox="bwrap")
     rewards, pids = [], set()
     try:
         _, infos = envs.reset(seed=[20, 21, 22, 23])

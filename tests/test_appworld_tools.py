@@ -23,7 +23,7 @@ def solution(task_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def env():
-    with ServerPool(MINI) as pool:
+    with ServerPool(MINI, sandbox="bwrap") as pool:
         made = gym.make("seeupo/AppWorld-v0", split="mini", server_pool=pool, action_format="tools")
         yield made
         made.close()
