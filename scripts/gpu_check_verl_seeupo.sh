@@ -25,7 +25,8 @@ timeout ${SEEUPO_VERL_CHECK_TIMEOUT:-900} "$PY" -m seeupo_gym.integrations.verl 
   data.max_prompt_length=1024 data.max_response_length=512 data.return_raw_chat=True \
   actor_rollout_ref.model.path="$work/tiny" actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \
   actor_rollout_ref.rollout.n=2 actor_rollout_ref.rollout.prompt_length=1024 actor_rollout_ref.rollout.response_length=512 \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.3 actor_rollout_ref.rollout.multi_turn.enable=True \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.3 actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+  actor_rollout_ref.rollout.multi_turn.enable=True \
   actor_rollout_ref.rollout.agent.agent_loop_config_path=pkg://seeupo_gym.integrations.verl/config/agent_loops.yaml \
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \

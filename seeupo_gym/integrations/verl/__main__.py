@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, check_actor_options
-from seeupo_gym.integrations.verl.launch_check import resolve_for_workers
+from seeupo_gym.integrations.verl.launch_check import check_layout, resolve_for_workers
 
 HOOK = "seeupo_gym.integrations.verl.trainer.register"
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
@@ -144,6 +144,7 @@ def check(config: Any) -> VerlSeeUPOConfig:
         raise ValueError("algorithm.rollout_correction is not applied to SeeUPO's pools: turn it off")
     if int(config.actor_rollout_ref.rollout.n) < 2:
         raise ValueError("SeeUPO's group-relative advantages need actor_rollout_ref.rollout.n >= 2")
+    check_layout(config)
     return VerlSeeUPOConfig.from_mapping(OmegaConf.to_container(config.algorithm.seeupo, resolve=True))
 
 

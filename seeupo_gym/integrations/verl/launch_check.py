@@ -19,3 +19,20 @@ def resolve_for_workers(config: Any) -> Any:
 
     OmegaConf.resolve(config)
     return config
+
+
+def check_layout(config: Any) -> None:
+    """The rollout's tensor parallelism fits the GPUs the run asks for (trainer.n_gpus_per_node x
+    trainer.nnodes): verl otherwise accepts the config and its workers fail, or wait, once placed.
+    Raises ValueError (one line)."""
+    rollout = config.actor_rollout_ref.rollout
+    tp = int(rollout.get("tensor_model_parallel_size") or 1)
+    gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    where = (f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node} x trainer.nnodes={config.trainer.nnodes} "
+             f"= {gpus} GPU(s)")
+    if tp > gpus:
+        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} is more than the run's {where}; "
+                         f"set it to at most {gpus}, or ask for more GPUs")
+    if gpus % tp:
+        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide the run's {where} "
+                         "into whole rollout engines")
