@@ -20,6 +20,7 @@ from seeupo_gym.integrations.verl.seeupo import (  # noqa: E402
     VerlSeeUPOConfig,
     check_actor_options,
     mask_runs,
+    seeupo_authors_step,
     seeupo_step,
     turn_spans,
 )
@@ -497,3 +498,91 @@ def test_seeupo_trainer_warns_at_start_before_verls_own_set_up(monkeypatch):
     config = compose(["actor_rollout_ref.rollout.n=8"])
     trainer.seeupo_trainer_class()(config)
     assert seen == [config, "verl's __init__"]
+
+
+# ------------------------------------------- the authors' variant (algorithm.seeupo.variant=authors)
+
+
+class ScriptedVerlActor:
+    """Replaces verl's actor with test_seeupo_authors' scripted policy (log-probs a fixed function of the
+    token and of the updates with a loss token so far), recording each update's advantage per row."""
+
+    def __init__(self) -> None:
+        from test_seeupo_authors import scripted_logprob
+
+        self.logprob, self.version, self.updates = scripted_logprob, 0, []
+
+    def compute_log_prob(self, data):
+        return self.logprob(data.batch["responses"], self.version) * data.batch["attention_mask"][:, -data.batch["responses"].shape[1]:]
+
+    def update_actor(self, data):
+        mask = data.batch["response_mask"].bool()
+        self.updates.append({rid: float(data.batch["advantages"][k][mask[k]][0])
+                             for k, rid in enumerate(data.non_tensor_batch["rid"]) if mask[k].any()})
+        if mask.any():
+            self.version += 1
+        return {}
+
+
+def verl_rollouts(batch):
+    """A kit batch as seeupo_in_verl's rollouts: (group, reward, prompt, [(response, tool reply)])."""
+    out = []
+    for trajectory in batch:
+        turns, pieces = trajectory.turns, []
+        for k, turn in enumerate(turns):
+            after = turns[k + 1].context_ids[len(turn.context_ids) + turn.num_response_tokens:] if k + 1 < len(turns) else []
+            pieces.append((list(turn.response_ids), list(after)))
+        out.append((trajectory.group_id, trajectory.reward, list(turns[0].context_ids), pieces))
+    return out
+
+
+@pytest.mark.parametrize("alignment, world", [("rollout", 1), ("position", 2)])
+def test_authors_variant_through_verls_calls_trains_each_pool_with_the_kits_advantages_scripted_policy(alignment, world):
+    """Same rollouts (ragged, groups of one, padding rows), same scripted policy: the advantage verl's
+    update_actor gets for each row of each pool equals the kit's `seeupo_authors` M, and so do the final
+    ratio products; positional M with balance_batch's order over two ranks too."""
+    from test_seeupo_authors import ScriptedPolicyLearner, random_batch
+
+    from seeupo_gym.algorithms.seeupo_authors import SeeUPOAuthors, SeeUPOAuthorsConfig
+    from seeupo_gym.integrations.verl.seeupo import step_for
+
+    kit = random_batch(5)
+    kit = type(kit)(list(kit)[: len(kit) // 2 * 2])
+    assert any(len(g) == 1 for g in kit.groups().values()) and len({t.num_turns for t in kit}) > 1
+    batch = seeupo_in_verl.verl_batch(verl_rollouts(kit), 0, with_spans=True)
+    batch.non_tensor_batch["rid"] = np.array(kit.rollout_ids, dtype=object)
+    options = dict(order="natural", old_policy="turn_start", m_clip=(0.8, 1.2), m_alignment=alignment,
+                   max_steps=5, balance_world_size=world)
+    actor = ScriptedVerlActor()
+    config = VerlSeeUPOConfig(variant="authors", **options)
+    metrics = step_for(config)(batch, actor, config)
+    algorithm = SeeUPOAuthors(SeeUPOAuthorsConfig(kl_coef=0.01, minibatch_size=1 << 20, **options))
+    algorithm.update(kit, ScriptedPolicyLearner(), torch.Generator().manual_seed(0))
+    ours = [{rid: w for rid, w in phase.weights.items() if kit[rid].num_turns >= phase.turn} for phase in algorithm.schedule]
+    ours = [pool for pool in ours if pool]
+    assert len(ours) == len(actor.updates) == max(t.num_turns for t in kit)
+    gap = max(abs(pool[rid] - theirs[rid]) for pool, theirs in zip(ours, actor.updates) for rid in pool)
+    assert all(pool.keys() == theirs.keys() for pool, theirs in zip(ours, actor.updates))
+    print(f"\n{alignment}: max |advantage difference| verl vs kit: {gap:.3g}")
+    assert gap <= 1e-6  # verl's advantages are float32
+    assert abs(metrics["seeupo/ratio_product_min"] - float(algorithm.m_factors.min())) <= 1e-9
+    assert abs(metrics["seeupo/ratio_product_max"] - float(algorithm.m_factors.max())) <= 1e-9
+    assert metrics["seeupo/turn_pools"] == 5.0
+    reordered = any(list(phase.rollout_ids) != kit.rollout_ids for phase in algorithm.schedule)
+    assert reordered == (alignment == "position")
+
+
+def test_authors_variant_refuses_a_row_longer_than_max_steps_before_any_call(rollouts):
+    actor = RecordingActor()
+    with pytest.raises(ValueError, match="max_steps"):
+        seeupo_authors_step(batch_of(rollouts), actor, VerlSeeUPOConfig(variant="authors", max_steps=1))
+    assert actor.calls == []
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"variant": "theirs"}, "variant"), ({"m_alignment": "rows"}, "m_alignment"), ({"max_steps": 0}, "max_steps"),
+    ({"balance_world_size": 0}, "balance_world_size")])
+def test_bad_authors_options_are_refused_in_one_line(options, message):
+    with pytest.raises(ValueError, match=message) as error:
+        VerlSeeUPOConfig.from_mapping(options)
+    assert "\n" not in str(error.value)

@@ -49,6 +49,7 @@ from seeupo_gym.algorithms.base import MicroLoss, TokenLogprobs
 from seeupo_gym.algorithms.rollout import RolloutBatch, Trajectory, Turn, TurnSample
 from seeupo_gym.algorithms.seeupo import ORDERS, OLD_POLICIES, SeeUPO
 from seeupo_gym.algorithms.seeupo import SeeUPOConfig as KitSeeUPOConfig
+from seeupo_gym.algorithms.seeupo_authors import M_ALIGNMENTS, SeeUPOAuthors, SeeUPOAuthorsConfig
 from seeupo_gym.training.learner import LLMLearner
 
 KL_DEFAULT = 0.002  # the paper's KL-to-reference coefficient
@@ -158,6 +159,15 @@ class SeeUPOConfig(GRPOConfig):
     seeupo_old_policy: str = field(
         default="step_start", metadata={"help": f"Ratio anchor: one of {OLD_POLICIES} (step_start: the paper)."})
     seeupo_kl_estimator: str = field(default="low_var_kl", metadata={"help": "KL estimator: k1 | k2 | k3 | low_var_kl."})
+    seeupo_variant: str = field(default="paper", metadata={
+        "help": "paper (Algorithm 1) | authors (as the authors' code: algorithms/seeupo_authors.py; their run also sets "
+                "seeupo_order='natural', seeupo_old_policy='turn_start', seeupo_m_clip=[0.8, 1.2])."})
+    seeupo_m_alignment: str = field(default="rollout", metadata={
+        "help": f"authors: M by trajectory or by row position after balance_batch: one of {M_ALIGNMENTS}."})
+    seeupo_max_steps: int | None = field(default=None, metadata={
+        "help": "authors: turn pools per step, padding rows included (none: the batch's longest trajectory)."})
+    seeupo_balance_world_size: int = field(default=1, metadata={
+        "help": "authors, position: ranks balance_batch partitions each pool over (1: no reorder)."})
     seeupo_max_tokens_per_microbatch: int = field(
         default=8192, metadata={"help": "Tokens per forward (and backward) of every SeeUPO pass: bounds activation memory."})
     seeupo_pack_limit: int | None = field(
@@ -167,6 +177,7 @@ class SeeUPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_options(self, SEEUPO_DEFAULTS)  # refuse at construction, one line each
+        kit_config(self)  # SeeUPO's own options too (variant, alignment, clip, order)
 
 
 # SeeUPO's own fields, given to a plain GRPOConfig at their defaults.
@@ -205,7 +216,15 @@ def seeupo_args(args: GRPOConfig | None, model: Any) -> GRPOConfig:
 
 def kit_config(args: SeeUPOConfig) -> KitSeeUPOConfig:
     """The kit's SeeUPO config for these TRL arguments: one optimizer step per turn pool."""
-    return KitSeeUPOConfig(
+    variant = getattr(args, "seeupo_variant", "paper")
+    if variant not in ("paper", "authors"):
+        raise ValueError(f"seeupo_variant must be 'paper' or 'authors', got {variant!r}")
+    authors = {}
+    if variant == "authors":
+        authors = dict(m_alignment=args.seeupo_m_alignment, max_steps=args.seeupo_max_steps,
+                       balance_world_size=args.seeupo_balance_world_size)
+    return (SeeUPOAuthorsConfig if variant == "authors" else KitSeeUPOConfig)(
+        **authors,
         normalization=args.seeupo_normalization,
         order=args.seeupo_order,
         old_policy=args.seeupo_old_policy,
@@ -413,7 +432,8 @@ class SeeUPOTrainer(GRPOTrainer):
         if getattr(self, "aux_loss_enabled", False):
             warnings.warn(f"SeeUPOTrainer: SeeUPO's loss has no router auxiliary loss (router_aux_loss_coef="
                           f"{self.router_aux_loss_coef} is not applied; set it to 0.0 to silence this)", UserWarning, stacklevel=2)
-        self.seeupo = SeeUPO(kit_config(self.args))
+        config = kit_config(self.args)
+        self.seeupo = (SeeUPOAuthors if isinstance(config, SeeUPOAuthorsConfig) else SeeUPO)(config)
         # TRL scores the reference in its generation step when beta != 0; SeeUPO scores its own (packed),
         # so TRL's pass is turned off here. The KL coefficient SeeUPO uses stays `args.beta`.
         self.beta = 0.0

@@ -24,7 +24,8 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 
 from seeupo_gym.algorithms import core
-from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, WorkerGroupActor, seeupo_step
+from seeupo_gym.algorithms.seeupo_authors import authors_advantages
+from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, WorkerGroupActor, step_for
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ def seeupo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Te
     names: dict[str, int] = {}
     groups = torch.tensor([names.setdefault(str(u), len(names)) for u in index])
     rewards = token_level_rewards.sum(-1).to(torch.float64)
-    scores = core.group_advantages(rewards, groups, options.normalization).to(token_level_rewards.dtype)
+    if options.variant == "authors":  # group mean, batch z-score, clamp (algorithms/seeupo_authors.py)
+        scores = authors_advantages(rewards, groups).to(token_level_rewards.dtype)
+    else:
+        scores = core.group_advantages(rewards, groups, options.normalization).to(token_level_rewards.dtype)
     advantages = scores[:, None] * response_mask
     return advantages, advantages
 
@@ -204,7 +208,7 @@ def seeupo_trainer_class() -> type:
                 temperature=config.actor_rollout_ref.rollout.temperature,
                 calculate_entropy=actor_config.calculate_entropy or actor_config.entropy_coeff != 0.0,
                 seed=actor_config.data_loader_seed)
-            metrics.update(seeupo_step(data, actor, options, self._seeupo_generator))
+            metrics.update(step_for(options)(data, actor, options, self._seeupo_generator))
             return batch
 
     register_trainer("seeupo")(SeeUPOTrainer)
