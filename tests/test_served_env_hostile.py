@@ -319,3 +319,38 @@ def test_seeupo_eval_against_a_dripped_description_ends_in_one_line(hostile):
     assert time.monotonic() - start < 200
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("seeupo-eval: the env server at "), result.stderr
+
+
+# ------------------------------------------------------------------------------ the serve client (NeMo Gym, verifiers)
+
+
+def serve_client():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ecosystems" / "serve_client"))
+    import seeupo_serve_client
+
+    return seeupo_serve_client
+
+
+@pytest.mark.parametrize("mode", ["drip_status", "drip_headers", "endless_continue", "drip_description"])
+def test_the_serve_clients_description_is_whole_within_its_timeout_or_a_serve_error(hostile, mode):
+    client = serve_client()
+    start = time.monotonic()
+    with pytest.raises(client.ServeError, match=r"did not answer in whole within 2 s"):
+        client.served_env(hostile(mode), timeout_s=2)
+    assert time.monotonic() - start < 3  # 1.5 x; before: as long as the server dripped
+    assert client.served_env(hostile("honest"), timeout_s=2)["env_id"] == "seeupo/TurnBandit-v0"  # control
+
+
+def test_the_serve_client_sends_its_token_to_the_server_never_to_a_proxy(hostile, proxy):
+    import asyncio
+
+    client = serve_client()
+    assert client.served_env(hostile("honest"), token="serve-secret", timeout_s=5)["env_id"] == "seeupo/TurnBandit-v0"
+
+    async def episode():
+        async with client.ServeSession(hostile("honest"), token="serve-secret", timeout_s=5) as session:
+            await session.reset(task_id=TASKS[0])
+            return await session.step("A")
+
+    assert isinstance(asyncio.run(episode()).reward, float)
+    assert proxy.received == []

@@ -9,19 +9,23 @@ mcp==2.0.0, which openenv's fastmcp 3 refuses). The wire contract is docs/integr
 
 The model's text only ever travels as `{"response": text}`: it is never parsed into an action.
 The server is not trusted either: an answer that is not JSON, over `max_message_bytes`, with a
-reward that is not a finite number or a `done` that is not a bool is a `ServeError`. The token
-(`token=` or $SEEUPO_SERVE_TOKEN) goes as `Authorization: Bearer`; the server requires one off
-loopback.
+reward that is not a finite number or a `done` that is not a bool is a `ServeError`, and so is an
+answer not whole within its deadline (`served_env`: connecting, status line, headers, `100 Continue`s
+and body within `timeout_s`; a session's answer within `timeout_s`). The token (`token=` or
+$SEEUPO_SERVE_TOKEN) goes as `Authorization: Bearer` to the server only, never to a proxy (no
+request here reads the proxy variables).
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import io
 import json
 import math
 import os
-import urllib.error
-import urllib.request
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -63,17 +67,95 @@ def user_turn(messages: list[dict[str, Any]]) -> str:
     return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") != "system")
 
 
+class _DeadlineSocket:
+    """A connected socket whose every wait (each read and write) ends at `deadline`
+    (`time.monotonic()`): a server that drips its answer a byte at a time is cut there."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+        self._files, self._closed = 0, False  # as a socket's: closed once it and its files are
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer's deadline passed")
+        self._sock.settimeout(left)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        self._files += 1
+        return io.BufferedReader(_Reads(self))
+
+    def close(self) -> None:
+        self._closed = True
+        if self._files == 0:
+            self._sock.close()
+
+    def file_closed(self) -> None:
+        self._files -= 1
+        if self._closed and self._files == 0:
+            self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Reads(io.RawIOBase):
+    def __init__(self, sock: _DeadlineSocket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._sock.file_closed()
+        super().close()
+
+
+def _deadline_connection(scheme: str, host: str, port: int | None, deadline: float) -> http.client.HTTPConnection:
+    """An http.client connection (which reads no proxy variables) whose answer must be whole by `deadline`."""
+    base = http.client.HTTPSConnection if scheme in ("https", "wss") else http.client.HTTPConnection
+
+    class Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self) -> None:
+            self.timeout = max(0.001, deadline - time.monotonic())
+            super().connect()
+            self.sock = _DeadlineSocket(self.sock, deadline)
+
+    return Connection(host, port)
+
+
 def served_env(base_url: str, *, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
-    """What the server serves (`GET /seeupo/env`): its env id, kwargs, default kwargs and task ids."""
+    """What the server serves (`GET /seeupo/env`): its env id, kwargs, default kwargs and task ids;
+    the whole answer within `timeout_s`."""
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     ws_url(base_url)  # the same URL check
-    request = urllib.request.Request(base_url.rstrip("/") + "/seeupo/env",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    parts = urlsplit(base_url)
+    connection = _deadline_connection(parts.scheme, parts.hostname or "", parts.port, time.monotonic() + timeout_s)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            body = answer.read(MAX_MESSAGE_BYTES + 1)
-    except (urllib.error.URLError, OSError) as error:
-        raise ServeError(f"cannot read what {base_url} serves (GET /seeupo/env): {error}") from None
+        connection.request("GET", parts.path.rstrip("/") + "/seeupo/env",
+                           headers={"Authorization": f"Bearer {token}"} if token else {})
+        answer = connection.getresponse()
+        if answer.status != 200:
+            raise ServeError(f"cannot read what {base_url} serves (GET /seeupo/env): HTTP {answer.status}")
+        body = answer.read(MAX_MESSAGE_BYTES + 1)
+    except TimeoutError:
+        raise ServeError(f"{base_url}/seeupo/env did not answer in whole within {timeout_s:g} s") from None
+    except (http.client.HTTPException, OSError) as error:
+        raise ServeError(f"cannot read what {base_url} serves (GET /seeupo/env): {type(error).__name__}: {error}") from None
+    finally:
+        connection.close()
     if len(body) > MAX_MESSAGE_BYTES:
         raise ServeError(f"{base_url}/seeupo/env answered more than {MAX_MESSAGE_BYTES} bytes")
     try:
@@ -147,7 +229,7 @@ class ServeSession:
         try:
             self._ws = await asyncio.wait_for(
                 connect(self.url, additional_headers=headers, max_size=self.max_message_bytes,
-                        open_timeout=None, ping_interval=None),
+                        open_timeout=None, ping_interval=None, proxy=None),  # the token to the server only
                 self.timeout_s)
         except (OSError, asyncio.TimeoutError) as error:
             raise ServeError(f"cannot reach seeupo-serve at {self.url}: {error}") from None
