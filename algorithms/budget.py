@@ -6,7 +6,8 @@ minibatch of the whole batch. `UpdateBudget` states it in three numbers; `Algori
 predicts it from the batch and the config alone, and `CountingLearner` counts what an update
 really did, so that a test can hold every registered algorithm to its prediction.
 
-optimizer_steps: `minimize`/`optimize` calls (parameter updates).
+optimizer_steps: `minimize`/`optimize` calls (parameter updates asked for; a learner may skip one whose
+    gradient is zero or not finite, which `CountingLearner.skipped_steps` counts apart).
 gradient_passes: passes that score samples with autograd (`minimize`, `logprobs(grad=True)`).
 gradient_tokens: response tokens of the samples those passes train on, summed over passes (a
     sample trained on in two epochs counts twice). Samples a loss only measures inside the pass
@@ -95,7 +96,8 @@ def _key(sample: TurnSample) -> tuple[str, int]:
 class CountingLearner:
     """A `Learner` that passes every call through to `learner` and counts what the update did.
 
-    Read `optimizer_steps`, `gradient_passes`, `gradient_tokens` (or `budget()`) after the update;
+    Read `optimizer_steps`, `gradient_passes`, `gradient_tokens` (or `budget()`) after the update, and
+    `skipped_steps`: the steps the learner reported skipping (`skipped_no_gradient`, `skipped_nonfinite`).
     `reset()` starts a new count. Any other attribute is the wrapped learner's.
     """
 
@@ -107,6 +109,7 @@ class CountingLearner:
         self.optimizer_steps = 0
         self.gradient_passes = 0
         self.gradient_tokens = 0
+        self.skipped_steps = 0
 
     def budget(self) -> UpdateBudget:
         return UpdateBudget(self.optimizer_steps, self.gradient_passes, self.gradient_tokens)
@@ -133,8 +136,13 @@ class CountingLearner:
         self.optimizer_steps += 1
         self.gradient_passes += 1
         self.gradient_tokens += response_tokens([s for s in samples if _key(s) not in measured])
-        return self.learner.minimize(samples, loss, **kwargs)
+        return self._stepped(self.learner.minimize(samples, loss, **kwargs))
 
     def optimize(self, loss: torch.Tensor) -> dict[str, float]:
         self.optimizer_steps += 1
-        return self.learner.optimize(loss)
+        return self._stepped(self.learner.optimize(loss))
+
+    def _stepped(self, metrics: dict[str, float]) -> dict[str, float]:
+        if metrics.get("skipped_no_gradient") or metrics.get("skipped_nonfinite"):
+            self.skipped_steps += 1
+        return metrics

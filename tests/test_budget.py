@@ -141,6 +141,24 @@ def test_the_counting_learner_counts_the_simple_path_and_leaves_frozen_passes_ou
     assert counter.budget() == UpdateBudget()
 
 
+def test_a_step_a_stand_in_learner_reports_skipping_still_counts_as_asked_and_is_counted_apart():
+    policy, batch = _ragged_setup()
+    for trajectory in batch:  # one reward everywhere: zero advantages
+        trajectory.reward = 0.5
+
+    class ZeroGradientSkipping:  # a learner that reports skipping a zero-gradient step, as the trainer's does
+        def __getattr__(self, name):
+            return getattr(policy, name)
+
+        def minimize(self, samples, loss, **kwargs):
+            policy.minimize(samples, loss, **kwargs)
+            return {"skipped_no_gradient": 1.0}
+
+    counter = CountingLearner(ZeroGradientSkipping())
+    make_algorithm("grpo", {"kl_coef": 0.0}).update(batch, counter, torch.Generator())
+    assert counter.optimizer_steps == 1 and counter.skipped_steps == 1
+
+
 def test_the_counting_learner_is_the_wrapped_learner_for_everything_else():
     policy, batch = _ragged_setup()
     counter = CountingLearner(policy)

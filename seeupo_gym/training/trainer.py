@@ -378,6 +378,7 @@ class Trainer:
         metrics = self.algorithm.update(batch, counted, generator)
         record.update({f"update/{k}": float(v) for k, v in metrics.items()})
         record.update({f"budget/{k}": v for k, v in counted.budget().as_metrics().items()})
+        record["budget/skipped_steps"] = float(counted.skipped_steps)
         if metrics.get("skipped_empty_batch"):
             logger.warning("step %d: no trajectories to learn from; skipping the update", step)
         elif not overlapped:

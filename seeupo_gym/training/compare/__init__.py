@@ -2,7 +2,8 @@
 
 Every (algorithm, seed) run trains from the same config with only `algorithm` and
 `train.seed` changed, so the runs see the same tasks in the same order and start from the
-same weights. Each run is evaluated before training and every `--eval-every` steps on the
+same weights; `--match steps` also gives every method as many optimizer steps per batch as the
+method taking the most (`match.py`). Each run is evaluated before training and every `--eval-every` steps on the
 same eval tasks with k rollouts per task (avg@k, unbiased pass@k; see `seeupo-eval`). The
 run folder then holds:
 
@@ -17,6 +18,7 @@ Runs are sequential in one process (use `seeupo-train` under `accelerate launch`
 one run over devices). One module per job:
 
     plan.py    parse and check everything (RunSpec, ComparePlan) before any run starts
+    match.py   the budget held equal: samples, or optimizer steps (StepMatched raises epochs)
     run.py     drive each run through `Trainer.train(on_step=...)` and evaluate at the planned steps
     stats.py   metric series over steps and seeds, the final-table rows
     report.py  report.md (tables and prose) and summary.json
