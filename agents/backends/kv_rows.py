@@ -7,6 +7,7 @@ padded positions are masked out, so their contents never matter.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,53 @@ class KVCopies:
 
 
 KV_COPIES = KVCopies()
+
+
+class BufferLayer(DynamicLayer):
+    """A layer's KV in preallocated buffers [rows, kv_heads, width, head_dim]: a forward writes
+    its new positions at column `cursor` (the same for every row) and attends to the whole
+    buffer, the 4D mask leaving out padding and columns not written yet. The shape changes only
+    when the engine reallocates the buffers (to buckets), not at every step as a growing cache's."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cursor: int) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values, self.cursor = keys, values, cursor
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        n = key_states.shape[-2]
+        self.keys[:, :, self.cursor : self.cursor + n].copy_(key_states)
+        self.values[:, :, self.cursor : self.cursor + n].copy_(value_states)
+        self.cursor += n
+        return self.keys, self.values
+
+    def get_seq_length(self, *args: Any, **kwargs: Any) -> int:
+        return self.cursor
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self.keys.shape[-2], 0
+
+
+def buffer_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], cursor: int) -> DynamicCache:
+    """A cache over these buffers (not copies), the next position written at column `cursor`."""
+    cache = DynamicCache()
+    cache.layers = [BufferLayer(keys, values, cursor) for keys, values in layers]
+    return cache
+
+
+def attention_backends(device: torch.device, cudnn: bool) -> Any:
+    """The scaled-dot-product attention kernels a forward on `device` may use.
+
+    On CUDA without `cudnn`: flash, memory-efficient and math, not cuDNN's attention (torch's
+    first choice on sm90), which builds an execution graph for each new shape and caches it per
+    thread (docs/performance.md, "Generation on a GPU"). Elsewhere: torch's own choice. torch
+    keeps this choice process-wide while the context is open.
+    """
+    if device.type != "cuda" or cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def forward(model: Any, cache: Any, **inputs: Any) -> tuple[torch.Tensor, Any]:
