@@ -297,3 +297,23 @@ def test_build_dataset_writes_only_row_settable_kwargs_into_rows(caplog):
     rows = build_dataset(BFCL, TASKS[:1], **TOOLS, max_observation_chars=5000)
     assert json.loads(rows[0]["extra_info"]["env_kwargs"]) == TOOLS  # the bound stays in the loop's config
     assert "['max_observation_chars'] not written into the rows" in caplog.text
+
+
+def test_a_row_naming_an_unregistered_agent_loop_ends_its_own_sample_not_the_batch(worker, tiny):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from seeupo_gym.integrations.verl import SeeupoAgentLoopManager, SeeupoAgentLoopWorker
+
+    _, tokenizer = tiny
+    good = build_dataset(BFCL, TASKS[:1], **TOOLS)[0]
+    rows = [good, {**good, "agent_name": "no_such_loop"}]
+    server = ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])})
+    with pytest.raises(AssertionError, match="Agent loop no_such_loop not registered"):
+        run_rows(worker, server, rows)  # control: verl's own worker ends the batch
+    ours = SeeupoAgentLoopWorker.__new__(SeeupoAgentLoopWorker)
+    ours.__dict__.update(worker.__dict__)  # the same worker's state, our class's `_run_agent_loop`
+    output = run_rows(ours, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}), rows)
+    assert list(output.non_tensor_batch["env_end"]) == ["terminated", "bad_row"]
+    assert "agent loop 'no_such_loop', which is not registered" in output.non_tensor_batch["env_error"][1]
+    assert output.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 0.0]
+    assert issubclass(SeeupoAgentLoopWorker, AgentLoopWorker) and SeeupoAgentLoopManager.__module__ == "seeupo_gym.integrations.verl"

@@ -33,6 +33,10 @@ isolation, paths or credentials come from the loop's config only. In verl's conf
     # seeupo_agent_loops.yaml:
     # - name: seeupo_env
     #   _target_: seeupo_gym.integrations.verl.SeeupoAgentLoop
+    actor_rollout_ref.rollout.agent.agent_loop_manager_class: seeupo_gym.integrations.verl.SeeupoAgentLoopManager
+
+The manager's workers (`SeeupoAgentLoopWorker`) are verl's, except that a row naming an agent loop
+nobody registered (verl asserts, and the batch ends) ends that sample alone as `bad_row`.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from typing import Any
 from uuid import uuid4
 
 import gymnasium as gym
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopManager, AgentLoopMetrics, AgentLoopOutput,
+                                                     AgentLoopWorker, _agent_loop_registry, register)
 
 import seeupo_gym  # noqa: F401  (registers the Gymnasium ids)
 from seeupo_gym.agents.chat import appended_text, render_chat
@@ -59,6 +64,8 @@ from seeupo_gym.remote import MAX_ABS_REWARD, MAX_TURNS_CAP, env_target
 logger = logging.getLogger(__name__)
 
 AGENT_NAME = "seeupo_env"
+# The kwarg by which SeeupoAgentLoopWorker hands the loop a row whose agent_name is not registered.
+UNKNOWN_AGENT = "seeupo_unknown_agent_name"
 
 END_TERMINATED, END_TRUNCATED = "terminated", "truncated"
 END_RESPONSE_LENGTH, END_PROMPT_LENGTH, END_ENV_ERROR = "response_length", "prompt_length", "env_error"
@@ -132,6 +139,8 @@ class SeeupoAgentLoop(AgentLoopBase):
         reward, success, end, error = 0.0, False, END_RESPONSE_LENGTH, ""
         env_id, task_id = "?", "?"
         try:
+            if UNKNOWN_AGENT in kwargs:
+                raise RowError(f"the row names agent loop {str(kwargs[UNKNOWN_AGENT])[:80]!r}, which is not registered")
             env_id, env_kwargs, task_id = self._episode_of(kwargs.get("extra_info"))
             target_id, target_kwargs = env_target(env_id, env_kwargs, workers=self.workers, url=self.url,
                                                   worker_options=self.worker_options)
@@ -321,6 +330,27 @@ class SeeupoAgentLoop(AgentLoopBase):
         if not following or not all(m.get("role") in ("user", "tool") for m in following):
             raise _EnvError(f"the env's new messages are not user or tool messages: {[m.get('role') for m in following]}")
         return following, messages
+
+
+class SeeupoAgentLoopWorker(AgentLoopWorker):
+    """verl's agent-loop worker; a row whose `agent_name` is not registered runs `SeeupoAgentLoop`,
+    which ends it alone as `bad_row` (verl's own worker asserts, and the whole batch ends)."""
+
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *,
+                              agent_name: str, trace: bool = True, **kwargs: Any) -> Any:
+        if not isinstance(agent_name, str) or agent_name not in _agent_loop_registry:
+            kwargs[UNKNOWN_AGENT], agent_name = agent_name, AGENT_NAME
+        return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs)
+
+
+class SeeupoAgentLoopManager(AgentLoopManager):
+    """verl's agent-loop manager with `SeeupoAgentLoopWorker`s (`agent_loop_manager_class` in verl's config)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import ray
+
+        self.agent_loop_workers_class = ray.remote(SeeupoAgentLoopWorker)
+        super().__init__(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------- datasets
