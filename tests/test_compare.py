@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -258,3 +259,17 @@ def test_the_report_shows_every_seed_start_to_final_and_the_spread_of_the_change
     assert "| 1 | 0.100 -> 0.500 (+0.400) | 0.100 -> 0.200 (+0.100) |" in section
     assert f"change +0.500 ± {statistics.stdev([0.6, 0.4]):.3f}" in section
     assert f"change +0.200 ± {statistics.stdev([0.3, 0.1]):.3f}" in section
+
+
+def test_a_report_of_records_from_before_the_counting_learner_reads_the_algorithms_own_step_count(tmp_path):
+    folder = synthetic_folder(tmp_path)
+    records = read_records(folder / "metrics.jsonl")
+    for record in records:
+        if "budget/optimizer_steps" in record:
+            record["update/optimizer_steps"] = record.pop("budget/optimizer_steps")
+            del record["budget/gradient_tokens"]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = {row.label: row for row in final_rows(read_records(folder / "metrics.jsonl"), ["seeupo", "grpo"], 2)}
+    assert rows["seeupo"].optimizer_steps_per_step == 3.0 and rows["grpo"].optimizer_steps_total == 3.0
+    assert math.isnan(rows["seeupo"].gradient_tokens_per_step)
+    assert "| seeupo | 8.0 | 24 | 3.0 | 9 | n/a | n/a |" in write_report(folder).read_text()

@@ -85,7 +85,7 @@ def low_high(values: Sequence[float]) -> tuple[float, float]:
 
 def _spent(train: Sequence[dict[str, Any]], key: str) -> tuple[float, float] | None:
     """(mean per step, total) of `key` over a run's training records; None when a record lacks it."""
-    values = [r.get(key) for r in train]
+    values = [r.get(key, r.get(_SPENT_BEFORE.get(key, ""))) for r in train]
     if not values or any(v is None or not math.isfinite(v) for v in values):
         return None
     return statistics.fmean(values), float(sum(values))
@@ -179,6 +179,9 @@ def final_rows(records: Sequence[dict[str, Any]], labels: Sequence[str], k: int)
 # Per-step records of what a run spent: rollouts (the collector's), optimizer steps and gradient tokens
 # (the trainer's CountingLearner).
 _SPENT = ("rollout/trajectories", "budget/optimizer_steps", "budget/gradient_tokens")
+# Records from before the counting learner: the algorithm's own count of its minimize calls
+# (`core.mean_metrics`), the same number for every built-in algorithm.
+_SPENT_BEFORE = {"budget/optimizer_steps": "update/optimizer_steps"}
 
 
 @dataclass
