@@ -278,3 +278,89 @@ def test_the_cuda_budget_is_the_free_memory_less_a_reserve_and_an_awake_vllms_sh
     awake = load_config("tiny-cpu", ["generation.backend=vllm", "generation.sleep_level=0",
                                      "generation.gpu_memory_utilization=0.3"])
     assert memory_plan.device_budget(awake, "cuda")[0] == 55 * GIB
+
+
+# --------------------------------------------------------------------------- the colocated vLLM, --plan-only
+
+
+def _plan_only(capsys, *args):
+    code = train_main(["--plan-only", *args])
+    return code, capsys.readouterr().out
+
+
+def test_plan_only_names_vllms_share_against_the_weights_of_paper_bfcl_on_one_80_gib_gpu(capsys):
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "1", "--gpu-memory", "80")
+    assert code == 2 and out.splitlines()[-1] == "plan: does not fit"
+    engine = next(line for line in out.splitlines() if "vLLM's share" in line)
+    # 0.3 x 80 GiB against Qwen3-14B's 14.77e9 bf16 parameters (27.5 GiB) and one 18000-token sequence
+    # of KV cache: 2 (k, v) x 40 layers x 8 KV heads x 128 x 2 bytes = 160 KiB a token, 2.7 GiB
+    assert "vLLM's share 0.3 x 80.0 GiB = 24.0 GiB per GPU against the weights 27.5 GiB" in engine
+    assert "KV cache of one 18000-token sequence 2.7 GiB" in engine
+    assert engine.endswith("does not fit; set generation.gpu_memory_utilization=0.45")
+    assert "learner: ~154.8 GiB" in out and "use LoRA" in out
+
+
+def test_the_utilization_the_plan_names_fits_with_lora(capsys):
+    lora = "model.lora={r: 16, alpha: 32}"
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "1", "--gpu-memory", "80", lora)
+    assert code == 2 and "learner: ~44.0 GiB" in out and ": fits" in out  # the learner fits; vLLM's share does not
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "1", "--gpu-memory", "80", lora,
+                           "generation.gpu_memory_utilization=0.45")
+    assert code == 0 and out.splitlines()[-1] == "plan: fits"
+
+
+def test_the_engine_counts_weights_and_kv_cache_per_tensor_parallel_rank():
+    config = load_config("paper-bfcl")
+    shape = KNOWN_SHAPES["Qwen/Qwen3-14B"]
+    one = memory_plan.engine_plan(config, shape, 80 * GIB)
+    assert one.weights == shape.num_parameters() * 2 and one.kv_cache == 2 * 40 * 8 * 128 * 2 * 18000
+    two = memory_plan.engine_plan(config, shape, 80 * GIB, tensor_parallel=2)
+    assert two.weights == one.weights // 2 and two.kv_cache == one.kv_cache // 2
+    # 16 ranks over 8 KV heads: each rank keeps a whole head
+    assert memory_plan.engine_plan(config, shape, 80 * GIB, tensor_parallel=16).kv_cache == one.kv_cache // 8
+
+
+def test_where_no_utilization_fits_beside_the_learner_the_plan_names_tensor_parallelism(capsys):
+    # 48 GiB GPUs: LoRA's resident 27.7 GiB leaves no share that holds 27.5 GiB of weights; four ranks do
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "4", "--gpu-memory", "48", "model.lora={r: 16, alpha: 32}")
+    assert code == 2
+    assert "set generation.tensor_parallel_size=4 (one training process over 4 GPUs) with generation.gpu_memory_utilization=0.3" in out
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "4", "--gpu-memory", "48", "model.lora={r: 16, alpha: 32}",
+                           "generation.tensor_parallel_size=4")
+    assert code == 0, out
+
+
+def test_an_awake_engine_that_crowds_out_the_learner_is_told_to_sleep(capsys):
+    code, out = _plan_only(capsys, "--config", "paper-bfcl", "--gpus", "1", "--gpu-memory", "80", "model.lora={r: 16, alpha: 32}",
+                           "generation.gpu_memory_utilization=0.45", "generation.sleep_level=0")
+    assert code == 2 and "set generation.sleep_level=1 (vLLM gives its memory back while the learner trains)" in out
+
+
+def test_plan_only_refuses_tensor_parallelism_beyond_its_gpus_in_one_line(capsys):
+    code = train_main(["--plan-only", "--config", "paper-bfcl", "--gpus", "1", "generation.tensor_parallel_size=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "seeupo-train: bad config: generation.tensor_parallel_size=2 needs that many GPUs; --gpus is 1"
+
+
+def test_plan_only_needs_no_gpu_and_loads_no_weights(capsys, monkeypatch):
+    def no_cuda_call(*args):
+        raise AssertionError("--plan-only asked the GPU")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_cuda_call)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_cuda_call)
+    code, out = _plan_only(capsys, "--config", "smoke", "--gpus", "2", "--gpu-memory", "24")
+    assert code == 0 and out.startswith("memory plan: tiny (full fine-tuning, float32; shape from the table of known shapes)")
+
+
+def test_on_cuda_the_check_at_start_refuses_a_share_that_cannot_hold_the_weights(monkeypatch):
+    # torch.cuda replaced by a fake 80 GiB device, all free (no GPU needed)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (80 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    config = load_config("paper-bfcl", ["model.lora={r: 16, alpha: 32}"])
+    with pytest.raises(DeviceError) as refused:
+        device_check(config, device="cuda")
+    line = str(refused.value)
+    assert "\n" not in line and "vLLM's share 0.3 x 80.0 GiB = 24.0 GiB per GPU against the weights 27.5 GiB" in line
+    assert "set generation.gpu_memory_utilization=0.45" in line
+    roomy = load_config("paper-bfcl", ["model.lora={r: 16, alpha: 32}", "generation.gpu_memory_utilization=0.45"])
+    assert device_check(roomy, device="cuda").fits  # the control

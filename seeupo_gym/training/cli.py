@@ -6,6 +6,7 @@
     seeupo-train --config smoke --out runs/smoke-2                   # a new run needs a folder without a run
     seeupo-train --config smoke train.steps=30 --resume latest       # continue the run in runs/smoke
     seeupo-train --config bfcl-seeupo --plugin my_algo.py algorithm.name=my_algo
+    seeupo-train --config paper-bfcl --plan-only --gpus 1 --gpu-memory 80   # memory per GPU, no GPU needed
     accelerate launch --num_processes 2 -m seeupo_gym.training.cli --config tiny-cpu
 
     seeupo-eval --model embedded --env seeupo/TurnBandit-v0 --env-kwargs '{"variant": "easy"}' -k 4
@@ -65,6 +66,12 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", help="'latest' (the newest checkpoint of the run in the run folder), or a checkpoint "
                         "folder of that run (in a folder without a run: a new run starting from it)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--plan-only", action="store_true", help="print the memory plan (learner and colocated vLLM, "
+                        "per GPU) and exit, on any machine: no weights loaded, no GPU needed; exit 2 when it does not fit")
+    parser.add_argument("--gpus", type=int, default=1, help="--plan-only: GPUs of the run, one training process each "
+                        "(default 1)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB",
+                        help="--plan-only: memory of each GPU in GiB (default 80)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
     return parser.parse_intermixed_args(argv)  # overrides before, between or after the flags
 
@@ -86,6 +93,8 @@ def train_main(argv: list[str] | None = None) -> int:
 
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
             return 0
+        if args.plan_only:
+            return plan_only(config, args.gpus, args.gpu_memory)
         from seeupo_gym.training.memory_plan import check_device_request, check_memory_early
         from seeupo_gym.training.trainer import Trainer
 
@@ -132,6 +141,23 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"done: step {trainer.state.step}, last reward {last[-1]['rollout/reward_mean']:.4f}, "
               f"run folder {trainer.output_dir}")
     return 0
+
+
+def plan_only(config: Config, gpus: int, gpu_memory_gib: float) -> int:
+    """seeupo-train --plan-only: the plan from the model's shape alone (its config.json or the table of
+    known shapes), on GPUs described by the flags rather than found."""
+    from seeupo_gym.algorithms.base import algorithm_class
+    from seeupo_gym.training.memory_plan import plan_report
+
+    if gpus < 1 or not gpu_memory_gib > 0:
+        raise ConfigError(f"--gpus must be >= 1 and --gpu-memory > 0 GiB (got {gpus}, {gpu_memory_gib})")
+    try:
+        needs_value_model = bool(getattr(algorithm_class(config.algorithm.name), "needs_value_model", False))
+    except ValueError:  # a plug-in's algorithm: its value model, if any, is not counted
+        needs_value_model = False
+    lines, fits = plan_report(config, gpus=gpus, gpu_memory_gib=gpu_memory_gib, needs_value_model=needs_value_model)
+    print("\n".join(lines))
+    return 0 if fits else 2
 
 
 def resume_command(argv: Sequence[str], program: str = "seeupo-train") -> str:

@@ -481,10 +481,17 @@ def device_check(config: Config, *, device: str, index: int | None = None, proce
     where = {"device": device, "processes": processes, "sharded": sharded, "needs_value_model": needs_value_model}
     plan = plan_memory(config, shape, **where)
     plan.budget, plan.budget_source = device_budget(config, device, index)
-    if plan.fits:
+    engine_line = _engine_check(config, shape, plan, device, index)
+    if plan.fits and engine_line is None:
         if log:
             logger.info("memory plan: %s %s", config.model.name_or_path, plan.describe())
         return plan
+    if plan.fits:  # the learner fits; the colocated vLLM's share does not
+        if config.model.memory_check == "warn":
+            if log:
+                logger.warning("%s", engine_line)
+            return plan
+        raise DeviceError(engine_line)
     fix = suggestion(config, shape, plan.budget, **where)
     what = f"LoRA r={config.model.lora.r}" if config.model.lora else "full fine-tuning"
     line = (f"memory plan: {config.model.name_or_path} ({what}, {config.model.dtype}) needs {plan.describe()}: "
@@ -495,3 +502,149 @@ def device_check(config: Config, *, device: str, index: int | None = None, proce
         return plan
     raise DeviceError(line)
 
+
+
+# --------------------------------------------------------------------------- the colocated vLLM
+
+
+def _engine_check(config: Config, shape: ModelShape, learner: MemoryPlan, device: str, index: int | None) -> str | None:
+    """On CUDA with generation.backend=vllm: the refusal line when vLLM's share cannot hold the model."""
+    if config.generation.backend != "vllm" or device != "cuda":
+        return None
+    import torch
+
+    device_index = index if index is not None else int(os.environ.get("LOCAL_RANK", "0") or 0)
+    total = int(torch.cuda.mem_get_info(device_index)[1])
+    fix = engine_fix(config, shape, learner, total, torch.cuda.device_count())
+    if fix is None:
+        return None
+    return (f"memory plan: {config.model.name_or_path}: {engine_plan(config, shape, total).describe()}: vLLM cannot "
+            f"start beside the learner; {fix} (model.memory_check=warn runs it anyway)")
+
+# What vLLM holds beyond the weights and the KV cache, per GPU: its profile run's activations, CUDA
+# graphs and memory outside torch's allocator. An allowance, not a measurement of ours.
+ENGINE_OVERHEAD = 2 * GIB
+# Steps in which a suggested gpu_memory_utilization is rounded up, and the most one is ever told.
+_UTILIZATION_STEP = 0.05
+_UTILIZATION_MAX = 0.95
+
+
+@dataclasses.dataclass
+class EnginePlan:
+    """A colocated vLLM on one GPU of `gpu_memory` bytes: its share against what it must hold (bytes,
+    per tensor-parallel rank)."""
+
+    utilization: float
+    gpu_memory: int
+    tensor_parallel: int
+    weights: int
+    kv_cache: int  # one max_model_len sequence: the least vLLM starts with
+    max_model_len: int
+    overhead: int = ENGINE_OVERHEAD
+
+    @property
+    def share(self) -> int:
+        return int(self.utilization * self.gpu_memory)
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv_cache + self.overhead
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.share
+
+    def describe(self) -> str:
+        rank = f" per rank of {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        return (f"vLLM's share {self.utilization:g} x {_gib(self.gpu_memory)} GiB = {_gib(self.share)} GiB per GPU against "
+                f"the weights {_gib(self.weights)} GiB{rank} + a KV cache of one {self.max_model_len}-token sequence "
+                f"{_gib(self.kv_cache)} GiB + {_gib(self.overhead)} GiB for activations and CUDA graphs = {_gib(self.need)} GiB")
+
+
+def engine_plan(config: Config, shape: ModelShape, gpu_memory: int, tensor_parallel: int | None = None) -> EnginePlan:
+    """What a colocated vLLM needs per GPU, at generation.gpu_memory_utilization (or another TP size)."""
+    g = config.generation
+    tp = tensor_parallel or g.tensor_parallel_size
+    b = _DTYPE_BYTES[config.model.dtype]
+    length = g.max_model_len or config.env.max_context_tokens
+    kv_heads = max(1, -(-shape.num_kv_heads // tp))  # vLLM splits KV heads over ranks, replicating below one each
+    kv = 2 * shape.num_layers * kv_heads * shape.head_dim * b * length
+    return EnginePlan(utilization=g.gpu_memory_utilization, gpu_memory=gpu_memory, tensor_parallel=tp,
+                      weights=shape.num_parameters() * b // tp, kv_cache=kv, max_model_len=length)
+
+
+def _resident(plan: MemoryPlan) -> int:
+    """What the learner keeps on its GPU while vLLM generates (gradients are freed after each step)."""
+    return sum(v for k, v in plan.parts.items() if k not in ("activations", "gradients", "DDP buckets"))
+
+
+def _utilization_for(need: int, gpu_memory: int) -> float:
+    steps = -(-need // int(_UTILIZATION_STEP * gpu_memory))
+    return round(steps * _UTILIZATION_STEP, 2)
+
+
+def engine_fix(config: Config, shape: ModelShape, learner: MemoryPlan | None, gpu_memory: int, gpus: int) -> str | None:
+    """None when the colocated vLLM fits beside the learner (None: the engine alone, for a learner that
+    must change first); else the first setting that fits: a larger generation.gpu_memory_utilization,
+    then tensor parallelism, else a bigger GPU."""
+    usable = int(gpu_memory * (1 - RESERVE_FRACTION))
+    engine = engine_plan(config, shape, gpu_memory)
+    resident = _resident(learner) if learner is not None else 0
+    if engine.fits and resident + engine.share <= usable:
+        return None
+    for tp in (engine.tensor_parallel, 2, 4, 8):
+        if tp < engine.tensor_parallel or shape.num_heads % tp:
+            continue
+        need = engine_plan(config, shape, gpu_memory, tp).need
+        u = max(_utilization_for(need, gpu_memory), config.generation.gpu_memory_utilization)
+        if u <= _UTILIZATION_MAX and resident + int(u * gpu_memory) <= usable:
+            setting = f"generation.gpu_memory_utilization={u:g}"
+            if tp != engine.tensor_parallel:
+                setting = (f"generation.tensor_parallel_size={tp} (one training process over {tp} GPUs"
+                           f"{'' if tp <= gpus else f', --gpus {tp}'}) with {setting}")
+            return f"set {setting}"
+    return "use a smaller model or a GPU with more memory (generation.backend=hf needs no share)"
+
+
+def plan_report(config: Config, *, gpus: int, gpu_memory_gib: float, needs_value_model: bool = False) -> tuple[list[str], bool]:
+    """The memory plan of `config` on `gpus` GPUs of `gpu_memory_gib` GiB each, with no device at hand
+    (seeupo-train --plan-only): the learner per GPU and, with generation.backend=vllm, the colocated
+    engine's share. Lines to print, and whether the run fits."""
+    shape, source = model_shape(config.model.name_or_path)
+    if shape is None:
+        raise ConfigError(f"the shape of {config.model.name_or_path} is unknown ({source}); give a local folder "
+                          "with its config.json as model.name_or_path")
+    g = config.generation
+    vllm = g.backend == "vllm"
+    if vllm and g.tensor_parallel_size > gpus:
+        raise ConfigError(f"generation.tensor_parallel_size={g.tensor_parallel_size} needs that many GPUs; --gpus is {gpus}")
+    processes = 1 if vllm and g.tensor_parallel_size > 1 else gpus  # each engine of TP > 1 has one training process
+    gpu_memory = int(gpu_memory_gib * GIB)
+    usable = int(gpu_memory * (1 - RESERVE_FRACTION))
+    awake = vllm and g.sleep_level == 0
+    learner = plan_memory(config, shape, device="cuda", processes=processes, needs_value_model=needs_value_model)
+    learner.budget = usable - (int(g.gpu_memory_utilization * gpu_memory) if awake else 0)
+    learner.budget_source = f"{gpu_memory_gib:g} GiB less {RESERVE_FRACTION:.0%}" + (" and vLLM's awake share" if awake else "")
+    what = f"LoRA r={config.model.lora.r}" if config.model.lora else "full fine-tuning"
+    lines = [f"memory plan: {config.model.name_or_path} ({what}, {config.model.dtype}; shape from {source}) on "
+             f"{gpus} GPU(s) of {gpu_memory_gib:g} GiB, {processes} training process(es)"]
+    fits = learner.fits
+    verdict = "fits"
+    if not fits:
+        fix = suggestion(config, shape, learner.budget, device="cuda", processes=processes, needs_value_model=needs_value_model)
+        if awake and plan_memory(config, shape, device="cuda", processes=processes,
+                                 needs_value_model=needs_value_model).total <= usable:
+            fix = "set generation.sleep_level=1 (vLLM gives its memory back while the learner trains)"
+        verdict = f"does not fit; {fix}"
+    lines.append(f"  learner: {learner.describe()}: {verdict}")
+    if vllm:
+        engine = engine_plan(config, shape, gpu_memory)
+        fix = engine_fix(config, shape, learner if learner.fits else None, gpu_memory, gpus)
+        verdict = "fits" if fix is None else f"does not fit; {fix}"
+        mode = "awake between rollouts" if awake else f"asleep while the learner trains (sleep_level {g.sleep_level})"
+        lines.append(f"  vLLM, colocated, {mode}: {engine.describe()}: {verdict}")
+        lines.append(f"  while vLLM generates: the learner's resident {_gib(_resident(learner))} GiB (weights, reference, "
+                     f"optimizer states) + vLLM's share {_gib(engine.share)} GiB of {_gib(usable)} GiB")
+        fits = fits and fix is None
+    lines.append(f"plan: {'fits' if fits else 'does not fit'}")
+    return lines, fits
