@@ -39,10 +39,12 @@ Parts, in bytes per device (b = bytes per element of `model.dtype`):
   1.5B full fine-tuning, 16k-token micro-batches, 85 GiB peak without checkpointing, 22-28 GiB with;
   7B LoRA r=32: out of memory at 139 GiB without, 25-27 GiB with) are met within 20%
   (tests/test_memory_plan.py).
-- not counted: the generation engine's KV cache (the HF backend's prefix cache is bounded by
-  generation.prefix_cache_mib; vLLM asleep between rollouts gives its memory back, awake
-  (sleep_level 0) it keeps generation.gpu_memory_utilization of the device, taken off the budget),
-  CUDA's own context, the trunk cache (model.trunk_cache_mib) and memory other processes hold.
+- the colocated vLLM (generation.backend=vllm, `engine_plan`): its share, gpu_memory_utilization x
+  the GPU's memory, must hold the weights per tensor-parallel rank, one max_model_len sequence of KV
+  cache and ENGINE_OVERHEAD, while the learner's resident memory stays beside it; asleep between
+  rollouts it gives its memory back, awake (sleep_level 0) its share comes off the learner's budget.
+- not counted: the HF backend's prefix cache (bounded by generation.prefix_cache_mib), CUDA's own
+  context, the trunk cache (model.trunk_cache_mib) and memory other processes hold.
 
 The budget: model.memory_budget_gib, else $SEEUPO_MEMORY_BUDGET_GIB, else on CUDA the free memory
 the device reports minus RESERVE_FRACTION, on CPU the machine's total memory (psutil): other
