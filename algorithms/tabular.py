@@ -11,6 +11,13 @@ Besides the learner: sampling rollouts (`sample_batch`), the exact expected retu
 policy by enumerating joint actions (`exact_return`), exact V and Q per history (`exact_values`,
 hence exact advantages Q - V), and `expected_batch`, a deterministic
 batch whose trajectory counts follow the joint-action probabilities (no sampling noise).
+
+Stochastic transitions: a task with `slip` > 0 executes another option than the chosen one with that
+probability (`task.executed(a)`: [(option, probability)]). A context is then the executed history, a
+turn's response the chosen option, the reward that of the executed options; J enumerates executed
+histories with P(e | h) = sum_a pi(a | h) P(e | a). `expected_batch` does not take such tasks.
+
+`SharedPolicy` (algorithms/shared_policy.py) is the same learner with logits shared across turns.
 """
 
 from __future__ import annotations
@@ -116,18 +123,30 @@ class TabularPolicy:
         self.value_table = torch.nn.Parameter(torch.zeros(rows))
         self.ref_logits = start.clone()
         self.max_grad_norm = max_grad_norm
-        params = [self.logits, self.value_table]
+        self.parameters = [self.logits, self.value_table]
+        self._make_optimizer(optimizer, lr)
+
+    def _make_optimizer(self, optimizer: str, lr: float) -> None:
         if optimizer == "sgd":
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr)
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.parameters, lr=lr)
         elif optimizer == "adam":
-            self.optimizer = torch.optim.Adam(params, lr=lr)
+            self.optimizer = torch.optim.Adam(self.parameters, lr=lr)
         else:
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
         self.optimizer_steps = 0
 
     # -- the policy ---------------------------------------------------------------------
-    def _log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits.masked_fill(self.invalid, float("-inf")), dim=-1)
+    def logits_table(self) -> torch.Tensor:
+        """The logits of every context row, [rows, K], with autograd (a subclass may compute them)."""
+        return self.logits
+
+    def logits_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """`logits_table()[rows]`, computed for those rows only."""
+        return self.logits[rows]
+
+    def _log_softmax(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        invalid = self.invalid if rows is None else self.invalid[rows]
+        return torch.log_softmax(logits.masked_fill(invalid, float("-inf")), dim=-1)
 
     def _rows(self, samples: Sequence[TurnSample]) -> tuple[torch.Tensor, torch.Tensor]:
         try:
@@ -139,7 +158,7 @@ class TabularPolicy:
 
     def log_probs_table(self) -> torch.Tensor:
         """log pi(. | context) for every context row, detached."""
-        return self._log_softmax(self.logits.detach())
+        return self._log_softmax(self.logits_table().detach())
 
     def probs(self, task_index: int, history: Sequence[int]) -> torch.Tensor:
         return self.log_probs_table()[self.index[tuple(context_ids(task_index, history))]].exp()
@@ -148,10 +167,10 @@ class TabularPolicy:
     def logprobs(self, samples: Sequence[TurnSample], *, grad: bool = True, entropy: bool = False) -> TokenLogprobs:
         rows, actions = self._rows(samples)
         with torch.set_grad_enabled(grad):
-            table = self._log_softmax(self.logits)
-            chosen = table[rows, actions].unsqueeze(1)
+            table = self._log_softmax(self.logits_rows(rows), rows)  # one row per sample
+            chosen = table.gather(1, actions.unsqueeze(1))
             # H = -sum_a p(a) log p(a) over the valid options (invalid ones have p = 0).
-            h = -(table.exp() * table.masked_fill(self.invalid, 0.0)).sum(-1)[rows].unsqueeze(1) if entropy else None
+            h = -(table.exp() * table.masked_fill(self.invalid[rows], 0.0)).sum(-1).unsqueeze(1) if entropy else None
         return TokenLogprobs(chosen, torch.ones_like(chosen, dtype=torch.bool), entropy=h)
 
     def ref_logprobs(self, samples: Sequence[TurnSample]) -> TokenLogprobs:
@@ -184,8 +203,7 @@ class TabularPolicy:
         return self._step()
 
     def _step(self) -> dict[str, float]:
-        params = [self.logits, self.value_table]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm if self.max_grad_norm else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm if self.max_grad_norm else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.optimizer_steps += 1
@@ -195,7 +213,7 @@ class TabularPolicy:
     def joint_action_probabilities(self, task_index: int) -> dict[tuple[int, ...], float]:
         """pi(a_1..a_n) of every joint action of task `task_index` (sums to 1)."""
         task = self.tasks[task_index]
-        table = self.log_probs_table().exp().tolist()
+        table = self.executed_table(task_index)
         out = {}
         for actions in joint_actions(task):
             p = 1.0
@@ -204,25 +222,56 @@ class TabularPolicy:
             out[actions] = p
         return out
 
+    def executed_table(self, task_index: int, *, as_tensor: bool = False):
+        """P(executed option | context) per row: pi itself, or with `slip` sum_a pi(a | h) P(e | a)."""
+        probs = self.log_probs_table().exp()
+        task = self.tasks[task_index]
+        if getattr(task, "slip", 0.0):
+            transition = torch.tensor([[p for _, p in task.executed(a)] for a in range(task.num_options)])
+            probs = probs[:, : task.num_options] @ transition
+        return probs if as_tensor else probs.tolist()
+
     def exact_values(self, task_index: int) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
         """(V, Q) of the policy on one task, exactly: V(h) for every history h at which the episode
         goes on and Q(h + (a,)) = expected reward after choosing a at h (where h + (a,) ends the
-        episode, the reward itself). The exact advantage of choosing a at h is Q(h + (a,)) - V(h)."""
+        episode, the reward itself). The exact advantage of choosing a at h is Q(h + (a,)) - V(h).
+        With `slip`, h is an executed history and Q(h + (a,)) averages over the executed option."""
         task = self.tasks[task_index]
         table = self.log_probs_table().exp().tolist()
+        transitions = [getattr(task, "executed", lambda a: [(a, 1.0)])(a) for a in range(task.num_options)]
         q: dict[tuple[int, ...], float] = {}
         v: dict[tuple[int, ...], float] = {}
 
         def value(history: tuple[int, ...]) -> float:
             row = table[self.index[tuple(context_ids(task_index, history))]]
+            outcome = [task.reward(history + (e,)) if ends(task, history + (e,)) else value(history + (e,))
+                       for e in range(task.num_options)]
             for a in range(task.num_options):
-                actions = history + (a,)
-                q[actions] = task.reward(actions) if ends(task, actions) else value(actions)
+                q[history + (a,)] = sum(p * outcome[e] for e, p in transitions[a])
             v[history] = sum(row[a] * q[history + (a,)] for a in range(task.num_options))
             return v[history]
 
         value(())
         return v, q
+
+    def exact_returns(self) -> list[float]:
+        """`exact_return` of every task at once (the same sums, vectorized over joint actions)."""
+        if not hasattr(self, "_leaves"):
+            self._leaves = []
+            for k, task in enumerate(self.tasks):
+                paths = joint_actions(task)
+                depth = max(len(a) for a in paths)
+                rows = [[self.index[tuple(context_ids(k, a[:t]))] if t < len(a) else 0 for t in range(depth)] for a in paths]
+                acts = [[a[t] if t < len(a) else 0 for t in range(depth)] for a in paths]
+                live = [[t < len(a) for t in range(depth)] for a in paths]
+                self._leaves.append((torch.tensor(rows), torch.tensor(acts), torch.tensor(live),
+                                     torch.tensor([task.reward(a) for a in paths], dtype=torch.float64)))
+        out = []
+        for k, (rows, acts, live, rewards) in enumerate(self._leaves):
+            table = self.executed_table(k, as_tensor=True).double()
+            p = torch.where(live, table[rows, acts], torch.ones((), dtype=torch.float64)).prod(1)
+            out.append(float((p * rewards).sum()))
+        return out
 
     def exact_return(self, task_index: int) -> float:
         """J(pi) = sum_a pi(a) r(a) for one task, by enumeration."""
@@ -233,13 +282,15 @@ class TabularPolicy:
 @dataclass
 class _Rollout:
     task_index: int
-    actions: tuple[int, ...]
+    actions: tuple[int, ...]  # the executed options
+    chosen: tuple[int, ...] | None = None  # the chosen ones where they differ (slip); None: the executed
 
 
-def _trajectory(policy: TabularPolicy, table: list[list[float]], rollout: _Rollout, rollout_id: str) -> Trajectory:
+def _trajectory(policy: TabularPolicy, table: Sequence[list[float]] | dict[int, list[float]], rollout: _Rollout, rollout_id: str) -> Trajectory:
     task = policy.tasks[rollout.task_index]
     turns = []
-    for t, a in enumerate(rollout.actions):
+    chosen = rollout.chosen or rollout.actions
+    for t, a in enumerate(chosen):
         ids = context_ids(rollout.task_index, rollout.actions[:t])
         turns.append(Turn(context_ids=ids, response_ids=[a], sample_logprobs=[table[policy.index[tuple(ids)]][a]]))
     reward = task.reward(rollout.actions)
@@ -261,23 +312,32 @@ def _trajectory(policy: TabularPolicy, table: list[list[float]], rollout: _Rollo
 
 def sample_batch(policy: TabularPolicy, rollouts_per_task: int, generator: torch.Generator) -> RolloutBatch:
     """G sampled rollouts of every task of the policy (B = number of tasks)."""
-    log_table = policy.log_probs_table()
-    table = log_table.exp()
-    log_rows = log_table.tolist()
+    log_rows: dict[int, list[float]] = {}  # log pi of the rows visited (a long task has many more)
     trajectories = []
     for k, task in enumerate(policy.tasks):
         # All G rollouts of a task advance one turn at a time; each draws from its own context's row.
         histories: list[tuple[int, ...]] = [() for _ in range(rollouts_per_task)]
+        choices: list[tuple[int, ...]] = [() for _ in range(rollouts_per_task)]
+        slip = getattr(task, "slip", 0.0)
         for _ in range(task.num_turns):
             going = [g for g, h in enumerate(histories) if not h or not ends(task, h)]
             if not going:
                 break
             rows = torch.tensor([policy.index[tuple(context_ids(k, histories[g]))] for g in going])
-            draws = torch.multinomial(table[rows], 1, generator=generator).squeeze(1).tolist()
+            with torch.no_grad():
+                log_probs = policy._log_softmax(policy.logits_rows(rows), rows)
+            log_rows.update(zip(rows.tolist(), log_probs.tolist()))
+            draws = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1).tolist()
             for g, a in zip(going, draws):
-                histories[g] = histories[g] + (a,)
+                executed = a
+                if slip:
+                    weights = torch.tensor([p for _, p in task.executed(a)])
+                    executed = int(torch.multinomial(weights, 1, generator=generator))
+                histories[g] = histories[g] + (executed,)
+                choices[g] = choices[g] + (a,)
         trajectories += [
-            _trajectory(policy, log_rows, _Rollout(k, h), f"{task.task_id}/{g}") for g, h in enumerate(histories)
+            _trajectory(policy, log_rows, _Rollout(k, h, choices[g] if slip else None), f"{task.task_id}/{g}")
+            for g, h in enumerate(histories)
         ]
     return RolloutBatch(trajectories)
 
@@ -290,6 +350,8 @@ def expected_batch(policy: TabularPolicy, rollouts_per_task: int) -> RolloutBatc
     log_rows = policy.log_probs_table().tolist()
     trajectories = []
     for k, task in enumerate(policy.tasks):
+        if getattr(task, "slip", 0.0):
+            raise ValueError(f"expected_batch takes deterministic tasks only; task {task.task_id} has slip {task.slip}: use sample_batch")
         probs = policy.joint_action_probabilities(k)
         quotas = {a: p * rollouts_per_task for a, p in probs.items()}
         counts = {a: int(q) for a, q in quotas.items()}

@@ -23,6 +23,9 @@ Variants (kwarg `variant`):
   (its first non-space character is A-Z) or "B) anything else"; the reward is the fraction of
   turns on which A was chosen. About 17% of the Qwen2 vocabulary starts with a capital, so the
   first token of a random model earns reward often enough for RL to raise it (`--config smoke`).
+- `ladder` (long horizons, a decoy): one right option per turn; the reward is the share of turns
+  answered right before the first wrong one, except that one decoy first option pays 0.5 whatever
+  follows. Under a uniform continuation the decoy is the better first choice once T >= 3; J* = 1.
 - `follow`: instruction following for small LLMs; T=2, K=3; every step names the option to pick
   ("Pick option B."; a task names distinct options while T <= K), the reward is the fraction of
   turns on which it was picked. The untrained 0.5B model follows greedily but samples the named
@@ -31,6 +34,11 @@ Variants (kwarg `variant`):
 The best joint action scores J* = 1 unless `optimum` says otherwise: a number in (0, 1] scales
 every task's rewards so that J* is that number; a range `(low, high)` draws each task's J* from
 it, so a learner cannot assume that the best possible reward is 1.
+
+Options of `make_tasks` for the tabular studies (docs/credit.md; the env takes neither): `turns` up to
+`MAX_TASK_TURNS` (10; scenes repeat past 4 turns), and `slip` (stochastic transitions): the option a
+turn executes is the chosen one with probability 1 - slip, else one of the others uniformly; rewards
+and the next turn follow the executed options, and `optimal()` maximizes the expectation.
 
 The env follows the contract of the other envs: `reset` returns the system prompt and the first
 step as one string; `info["messages"]` is the chat history, system message first; `info["turn"]`
@@ -70,7 +78,8 @@ from seeupo_gym.tools import assistant_message, function_schema, parse_tool_resp
 from seeupo_gym.tools import tool_parser as find_tool_parser
 
 LABELS = "ABCDEFGH"
-VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital", "stopping")
+VARIANTS = ("mixed", "climbing", "random", "easy", "follow", "capital", "stopping", "ladder")
+MAX_TASK_TURNS = 10
 MAX_OBSERVATION_CHARS = 4096
 MAX_ACTION_CHARS = 8192
 ACTION_FORMATS = ("react", "tools")
@@ -109,6 +118,8 @@ class BanditTask:
     stops: tuple[int, ...] = ()  # the stop option of each turn (`stopping`); () = no stop
     # Emit a reward at every turn (`turn_rewards`) instead of the whole reward at the end; the sum is the same.
     per_turn_rewards: bool = False
+    # The probability that a turn executes another option than the chosen one (uniform over the others).
+    slip: float = 0.0
 
     @property
     def num_turns(self) -> int:
@@ -124,6 +135,13 @@ class BanditTask:
     def ends(self, actions: Sequence[int]) -> bool:
         """Whether the episode is over after `actions`: T choices, or a turn's stop option."""
         return len(actions) >= self.num_turns or bool(self.stops and actions and actions[-1] == self.stops[len(actions) - 1])
+
+    def executed(self, chosen: int) -> list[tuple[int, float]]:
+        """(executed option, probability) after choosing `chosen`: itself w.p. 1 - slip, else uniform over the others."""
+        if not self.slip:
+            return [(chosen, 1.0)]
+        other = self.slip / (self.num_options - 1)
+        return [(e, 1.0 - self.slip if e == chosen else other) for e in range(self.num_options)]
 
     def uniform_value(self, history: Sequence[int]) -> float:
         """phi(h): the mean reward after `history` when every later turn is uniform; the reward itself once it ends."""
@@ -145,12 +163,15 @@ class BanditTask:
 
     def optimal(self) -> tuple[float, tuple[int, ...]]:
         """(J*, an optimal joint action) by backward induction: V(h) = max_a [r(h, a) if the episode
-        ends at (h, a) (the last turn, or a stop) else V(h, a)]; ties go to the lowest option index."""
+        ends at (h, a) (the last turn, or a stop) else V(h, a)]; ties go to the lowest option index.
+        With `slip`, h is the executed history and V(h) = max_a sum_e P(e | a) [r(h, e) or V(h, e)]; the
+        joint action returned is then the choices along the path on which nothing slips."""
         best_action: dict[tuple[int, ...], int] = {}
 
         def value(history: tuple[int, ...]) -> float:
-            children = [self.reward(history + (a,)) if self.ends(history + (a,)) else value(history + (a,))
-                        for a in range(self.num_options)]
+            outcome = [self.reward(history + (e,)) if self.ends(history + (e,)) else value(history + (e,))
+                       for e in range(self.num_options)]
+            children = [sum(p * outcome[e] for e, p in self.executed(a)) for a in range(self.num_options)]
             best = max(range(self.num_options), key=lambda a: (children[a], -a))
             best_action[history] = best
             return children[best]
@@ -189,7 +210,8 @@ class BanditTask:
 
 
 def _scene_options(rng: random.Random, turns: int, options: int) -> tuple[tuple[str, ...], ...]:
-    scenes = rng.sample(_SCENES, turns)
+    # Distinct scenes up to 4 turns (the draws of existing tasks unchanged); repeated past that.
+    scenes = rng.sample(_SCENES, turns) if turns <= len(_SCENES) else [rng.choice(_SCENES) for _ in range(turns)]
     return tuple(tuple(f"{word} {noun}" for word in rng.sample(words, options)) for noun, words in scenes)
 
 
@@ -253,6 +275,17 @@ def _stopping_task(task_id: str, rng: random.Random, turns: int, options: int, s
                   for t, row in enumerate(_scene_options(rng, turns, options)))
     goal = "Reach the treasure room, or stop on the way and keep what that step offers."
     return BanditTask(task_id, "stopping", goal, texts, rewards, stops=stops)
+
+
+def _ladder_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
+    right = tuple(rng.randrange(options) for _ in range(turns))
+    decoy = rng.choice([a for a in range(options) if a != right[0]])
+    rewards = {}
+    for actions in itertools.product(range(options), repeat=turns):
+        climbed = next((t for t in range(turns) if actions[t] != right[t]), turns)
+        rewards[actions] = 0.5 if actions[0] == decoy else round(climbed / turns, 3)
+    goal = "Climb the ladder: every step has one right rung."
+    return BanditTask(task_id, "ladder", goal, _scene_options(rng, turns, options), rewards)
 
 
 def _random_task(task_id: str, rng: random.Random, turns: int, options: int) -> BanditTask:
@@ -326,15 +359,19 @@ def make_tasks(
     hint: bool = False,
     optimum: float | tuple[float, float] = 1.0,
     turn_rewards: bool = False,
+    slip: float = 0.0,
 ) -> list[BanditTask]:
     """The task list of a TurnBandit variant; task i depends only on (variant, seed, i, optimum).
-    turn_rewards: the tasks pay `BanditTask.turn_rewards` turn by turn (same sum, same J*)."""
+    turn_rewards: the tasks pay `BanditTask.turn_rewards` turn by turn (same sum, same J*).
+    slip: stochastic transitions (`BanditTask.executed`), for the tabular studies; the env takes none."""
     low_optimum, high_optimum = _optimum_range(optimum)
     if variant not in VARIANTS:
         raise ValueError(f"unknown TurnBandit variant {variant!r}; choose one of {VARIANTS}")
     low, high = turns
-    if not 1 <= low <= high <= len(_SCENES):
-        raise ValueError(f"turns must be (low, high) with 1 <= low <= high <= {len(_SCENES)}, got {turns}")
+    if not 1 <= low <= high <= MAX_TASK_TURNS:
+        raise ValueError(f"turns must be (low, high) with 1 <= low <= high <= {MAX_TASK_TURNS}, got {turns}")
+    if not 0.0 <= slip < 1.0:
+        raise ValueError(f"slip must lie in [0, 1), got {slip}")
     if not 2 <= options <= len(LABELS):
         raise ValueError(f"options must lie in [2, {len(LABELS)}], got {options}")
     tasks = []
@@ -349,6 +386,8 @@ def make_tasks(
             task = _capital_task(task_id, rng, rng.randint(low, high))
         elif variant == "stopping":
             task = _stopping_task(task_id, rng, rng.randint(low, high), options, i % 3)
+        elif variant == "ladder":
+            task = _ladder_task(task_id, rng, rng.randint(low, high), options)
         else:
             kind = variant if variant != "mixed" else ("climbing" if i % 2 == 0 else "random")
             make = _climbing_task if kind == "climbing" else _random_task
@@ -358,6 +397,8 @@ def make_tasks(
             task = _scaled(task, random.Random(f"turnbandit-optimum:{variant}:{seed}:{i}").uniform(low_optimum, high_optimum))
         if turn_rewards:
             task = dataclasses.replace(task, per_turn_rewards=True)
+        if slip:
+            task = dataclasses.replace(task, slip=float(slip))
         tasks.append(task)
     return tasks
 
