@@ -37,6 +37,10 @@ DEFAULTS = (
     "algorithm.seeupo.m_clip=null",
     "algorithm.seeupo.old_policy=step_start",
     "algorithm.seeupo.seed=0",
+    "algorithm.seeupo.variant=paper",
+    "algorithm.seeupo.m_alignment=rollout",
+    "algorithm.seeupo.max_steps=null",
+    "algorithm.seeupo.balance_world_size=1",
     f"ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={HOOK}",
 )
 
@@ -46,6 +50,10 @@ OPTIONS = (  # (key, default, meaning)
     ("algorithm.seeupo.m_clip", "null", "[low, high] clip of M's ratio product (the authors' code: [0.8,1.2])"),
     ("algorithm.seeupo.old_policy", "step_start", "ratios against theta_k (the paper) | turn_start (the authors' code)"),
     ("algorithm.seeupo.seed", "0", "seed of the random order"),
+    ("algorithm.seeupo.variant", "paper", "paper (Algorithm 1) | authors (as the authors' code: docs/algorithms.md)"),
+    ("algorithm.seeupo.m_alignment", "rollout", "authors: M by trajectory (rollout) | by row after balance_batch (position)"),
+    ("algorithm.seeupo.max_steps", "null", "authors: turn pools per step, padding rows included (null: longest row)"),
+    ("algorithm.seeupo.balance_world_size", "1", "authors, position: ranks balance_batch partitions each pool over"),
 )
 
 EXPERIMENTS = ("paper_bfcl", "paper_appworld")
