@@ -58,7 +58,9 @@ def gym_eval(tmp: Path, model_url: str, serve_urls: dict[str, str], model: str =
     overrides = [f"+config_paths=[{','.join(map(str, configs))}]", f"+uv_venv_dir={gym_venvs(tmp)}",
                  "+skip_venv_if_present=true", f"+policy_base_url={model_url}", "+policy_api_key=unused",
                  f"+policy_model_name={model}",
-                 *(f"++seeupo_{env}.resources_servers.seeupo.serve_url={url}" for env, url in serve_urls.items())]
+                 *(f"++seeupo_{env}.resources_servers.seeupo.serve_url={url}" for env, url in serve_urls.items()),
+                 # NeMo Gym's agent sends no Authorization header: this run says so (the port stays on loopback)
+                 *(f"++seeupo_{env}.resources_servers.seeupo.front_requires_token=false" for env in serve_urls)]
     log = open(tmp / "gym_env_start.log", "w+")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **TOKEN}  # NeMo Gym hands its environment to the servers
     start = subprocess.Popen([str(VENV / "bin" / "gym"), "env", "start", *overrides], cwd=GYM_DIR, stdout=log,

@@ -13,21 +13,22 @@ Rows carry the env's system prompt as `responses_create_params.input` (written b
 env or other env kwargs is refused at reset.
 
 Each NeMo Gym session holds one seeupo-serve session, and a reset without a session cookie makes a
-new NeMo Gym session: so sessions are reaped here, not left to seeupo-serve's idle timeout. At each
-reset, sessions unused for `session_idle_s` are closed, then, at `max_sessions`, the least recently
-used one without a request in flight; with every session busy the reset is refused.
+new NeMo Gym session: so sessions are reaped here, not left to seeupo-serve's idle timeout
+(`seeupo_sessions.py`): at each reset, sessions unused for `session_idle_s` are closed, then, at the cap,
+the least recently used finished episode; a live episode is never closed for another (with every
+slot live the reset is refused). The cap is `max_sessions`, at most seeupo-serve's own (read from
+its description), so this front refuses before seeupo-serve does.
 
-When seeupo-serve has a token (`$SEEUPO_SERVE_TOKEN`), so does this front: a request from off
-loopback must carry it (`Authorization: Bearer <token>`), as seeupo-serve itself asks; NeMo Gym's
-servers on this machine (its default `127.0.0.1`) reach it as before. NeMo Gym sends no such header,
-so a run across machines (`use_absolute_ip`) must say so: `front_token_off_loopback: false`.
+When seeupo-serve has a token (`$SEEUPO_SERVE_TOKEN`), so does this front: every request, from
+loopback too, must carry it (`Authorization: Bearer <token>`), as seeupo-serve itself asks. NeMo
+Gym's own servers send no such header: a run whose agent reaches this front without it must say so
+(`front_requires_token: false`), and keep the front's port to itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import hmac
-import ipaddress
 import json
 import os
 import time
@@ -41,7 +42,8 @@ from nemo_gym.base_resources_server import BaseResourcesServerConfig
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import SESSION_ID_KEY
 from resources_servers.gymnasium import GymnasiumServer, extract_text
-from seeupo_serve_client import ServeError, ServeSession, Step, system_messages, user_turn
+from seeupo_serve_client import ServeError, ServeSession, Step, served_env, system_messages, user_turn
+from seeupo_sessions import Session, SessionsFull, credential_refusal, effective_cap, to_close
 
 # Info keys passed back per step: small and JSON-safe (the chat itself is in the rollout).
 INFO_KEYS = ("turn", "task_id", "user_turn", "action_error", "end", "success", "category", "num_user_turns")
@@ -67,52 +69,29 @@ def checked_reward(reward: float) -> float:
     return reward
 
 
-def is_loopback(host: Optional[str]) -> bool:
-    try:
-        return ipaddress.ip_address(host or "").is_loopback
-    except ValueError:
-        return False
-
-
-def credential_refusal(token: Optional[str], peer: Optional[str], authorization: Optional[str]) -> Optional[str]:
-    """Why a request is refused (None: let it in): with a token set, a peer off loopback must send it."""
-    if not token or is_loopback(peer):
-        return None
-    if hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
-        return None
-    return "this resource server fronts a seeupo-serve that has a token: send it as Authorization: Bearer"
-
-
-class Session:
-    """One NeMo Gym session's seeupo-serve session, the count of messages seen, its last use and
-    whether a request is in flight (a busy session is never reaped)."""
-
-    def __init__(self, serve: ServeSession) -> None:
-        self.serve, self.seen, self.last_used, self.busy = serve, 0, time.monotonic(), 0
-
-
 class SeeupoResourcesServerConfig(BaseResourcesServerConfig):
     serve_url: str = Field(description="the seeupo-serve URL, e.g. http://127.0.0.1:8000 (token: $SEEUPO_SERVE_TOKEN)")
     timeout_s: float = Field(600.0, gt=0, description="one env reset or step")
-    max_sessions: int = Field(64, gt=0, description="open sessions at most; the least recently used idle one is closed")
+    max_sessions: Optional[int] = Field(None, gt=0, description="open sessions at most (null: seeupo-serve's "
+                                        "max_sessions; never more than it); a live episode is never closed for another")
     session_idle_s: float = Field(300.0, gt=0, description="a session unused this long is closed at the next reset")
-    front_token_off_loopback: bool = Field(True, description="with $SEEUPO_SERVE_TOKEN set, ask peers off loopback for it")
+    front_requires_token: bool = Field(True, description="with $SEEUPO_SERVE_TOKEN set, ask every peer for it")
 
 
 class SeeupoServer(GymnasiumServer):
     ray_enabled = False
     config: SeeupoResourcesServerConfig
     sessions: Dict[str, Any] = Field(default_factory=dict)  # NeMo Gym session id -> Session
+    session_cap: Optional[int] = None  # effective_cap, once seeupo-serve has described itself
 
     def setup_webserver(self):
         app = super().setup_webserver()
         app.post("/close")(self._close_endpoint)
-        token = (os.environ.get(TOKEN_ENV) or None) if self.config.front_token_off_loopback else None
+        token = (os.environ.get(TOKEN_ENV) or None) if self.config.front_requires_token else None
 
         @app.middleware("http")
         async def require_credential(request: Request, call_next):
-            refusal = credential_refusal(token, request.client.host if request.client else None,
-                                         request.headers.get("authorization"))
+            refusal = credential_refusal(token, request.headers.get("authorization"))
             if refusal:
                 return JSONResponse({"detail": refusal}, status_code=401)
             return await call_next(request)
@@ -124,17 +103,18 @@ class SeeupoServer(GymnasiumServer):
         return {}
 
     async def reap(self) -> None:
-        """Close sessions idle past `session_idle_s`, then the least recently used idle ones until
-        one more fits under `max_sessions`; refuse the reset when every session is busy."""
-        now = time.monotonic()
-        for session_id, entry in list(self.sessions.items()):
-            if not entry.busy and now - entry.last_used > self.config.session_idle_s:
-                await self.close_session(session_id)
-        while len(self.sessions) >= self.config.max_sessions:
-            idle = [(entry.last_used, session_id) for session_id, entry in self.sessions.items() if not entry.busy]
-            if not idle:
-                raise ServeError(f"all {self.config.max_sessions} sessions have a request in flight; retry later")
-            await self.close_session(min(idle)[1])
+        """Close what `seeupo_sessions.to_close` picks so that one more session fits under the cap; a
+        reset with only live episodes in the slots is refused."""
+        if self.session_cap is None:
+            served = await asyncio.to_thread(served_env, self.config.serve_url, timeout_s=min(self.config.timeout_s, 60.0))
+            self.session_cap = effective_cap(self.config.max_sessions, served.get("max_sessions"))
+        try:
+            closing = to_close(self.sessions, cap=self.session_cap, idle_s=self.config.session_idle_s,
+                               now=time.monotonic())
+        except SessionsFull as error:
+            raise ServeError(str(error)) from None
+        for session_id in closing:
+            await self.close_session(session_id)
 
     async def reset(self, metadata: dict, session_id: Optional[str] = None) -> tuple[Optional[str], dict]:
         await self.close_session(session_id)
@@ -171,6 +151,7 @@ class SeeupoServer(GymnasiumServer):
         except ServeError:
             await self.close_session(session_id)  # that episode ends here; the others go on
             raise
+        entry.done = result.done
         messages = result.messages
         # The new messages after the response the env recorded: the next user turn or tool results.
         observation = None if result.done else user_turn(messages[entry.seen + 1:]) or result.text
