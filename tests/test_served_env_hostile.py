@@ -310,9 +310,11 @@ def test_the_vector_agent_goes_on_when_a_failed_env_cannot_be_made_again_with_a_
 
 
 @pytest.mark.slow  # the tiny model loads, then two 30 s description deadlines (the task list's env, the agent's)
-def test_seeupo_eval_against_a_dripped_description_ends_in_one_line(hostile):
+@pytest.mark.parametrize("mode", ["drip_description", "drip_headers", "endless_continue"])
+def test_seeupo_eval_against_a_dripped_description_ends_in_one_line(hostile, mode):
     command = [str(Path(sys.executable).with_name("seeupo-eval")), "--model", "tiny", "--env", "seeupo/TurnBandit-v0",
-               "--tasks", TASKS[0], "-k", "1", "--no-progress", f"env.url={hostile('drip_description')}"]
+               "--tasks", TASKS[0], "-k", "1", "--no-progress", "--request-timeout", "5", "--episode-timeout", "5",
+               f"env.url={hostile(mode)}"]
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
