@@ -12,7 +12,8 @@ As that code computes it, per turn sample (a "row"; exact-match anchors, `enable
   and its own rows are in the mean. `mean_norm` (the function's default): R_i - mean; `mean_std_norm`:
   divided by (std + eps), torch's unbiased std. A group of one row: mean 0, std 1 (the term is R_i).
 - step term: each row's step reward is its discounted return G_t = r_t + gamma G_{t+1}
-  (`compute_step_discounted_returns`, gamma = 0.95 in its config); rows of one group whose anchor
+  (`compute_step_discounted_returns`, gamma = 0.95 as every examples/gigpo_trainer script sets
+  `algorithm.gamma=0.95`; ppo_trainer.yaml's own default is 1.0); rows of one group whose anchor
   observations are equal after `to_hashable` form a step group (a value is hashed as it is: 1, 1.0 and
   True are one key as in a Python dict, "1" another; lists and tuples become tuples, dicts sorted
   tuples, numpy arrays their flattened tuple); G_t - its mean (`mean_std_norm`: / (std + eps)). A step

@@ -1,9 +1,10 @@
 """MT-GRPO, transcribed from the paper's repository: `MTGRPOEnvTrainer._assign_advantages`.
 
 Source: SiliangZeng/Multi-Turn-RL-Agent, commit 127dda5f8c20be62d7d483ccbd65841b65956162,
-verifiers/trainers/mt_grpo_env_trainer.py, `_assign_advantages` (every commit touching it since
-7860de6 computes the same), with `_compute_normalized_advantages` of
-verifiers/trainers/grpo_env_trainer.py. As that code computes it, per group of G rollouts:
+verifiers/trainers/mt_grpo_env_trainer.py, `_assign_advantages` (from 7860de6 to 4eeca09 the same
+as the default `advantage_est="aae"` branch beside a "cae" one, removed in a14334a), with
+`_compute_normalized_advantages` of verifiers/trainers/grpo_env_trainer.py. As that code computes it,
+per group of G rollouts:
 - three scalar rewards per rollout, each standardized over its group as (r - mean) / (std + 1e-4),
   torch's unbiased std: the turn reward (A^T), the outcome reward (A^O), and their sum (A^C);
 - a rollout whose first reply is followed by a `<result>` message is cut in two segments: the tokens

@@ -10,7 +10,9 @@ computes it, over the rollouts it is given:
 - turn t < T_i: A^T_t + lambda A^O; the last turn of each rollout: A^O alone.
 From commit 6e2bdd2a39f16f74f5e938ccd6e31416353439a5 on, the last turn too gets A^T_T + lambda A^O:
 `last_turn_outcome_only: false` computes that version.
-`turn_level_advantage_lambda` (1.0 there) is `turn_level_advantage_lambda` here.
+`turn_level_advantage_lambda` is its option of that name; its default here is 1.0, the paper's and
+6e2bdd2's (`Field(default=1.0)`); at 60188d07 the environment's default is 0.5
+(`TURN_LEVEL_ADVANTAGE_LAMBDA = 0.5  # Paper uses 1.0`), so the defaults here are neither commit's whole.
 
 How our records map onto its inputs, and where ours departs: the turn rewards are
 `turn_credit.turn_rewards` (0 ... 0, R without `info["turn_rewards"]`) and the outcome reward is the

@@ -16,8 +16,10 @@ advantage_estimator.py `GRPOAdvantageEstimator` over nemo_rl/algorithms/utils.py
 - turn rewards must sum to the trajectory's reward within `raw_reward_atol`, or the step stops.
 Defaults: its `TurnCreditConfig` (immediate, discount 1.0, macro_weight 1.0, raw_reward_atol 1e-6)
 but `turn_weight` 0.2, the value of its research recipe configs/grpo_math_0.5b_turn_credit.yaml (the
-class default 0.0 makes it NeMo's plain GRPO); normalize_rewards and use_leave_one_out_baseline as
-examples/configs/grpo_math_1B.yaml (true, true).
+class default 0.0 makes it NeMo's plain GRPO); its multi-turn recipe,
+configs/grpo_sliding_puzzle_turn_credit.yaml, checks in 0.0 as the macro-only control, its README
+giving `turn_credit.turn_weight=0.2` as the example treatment; normalize_rewards and
+use_leave_one_out_baseline as examples/configs/grpo_math_1B.yaml (true, true).
 How our records map onto its inputs: r_t are `turn_credit.turn_rewards` (0 ... 0, R without
 `info["turn_rewards"]`); the prompt is our group. Where ours departs: one advantage per turn (the
 same on its tokens, as there); the std is computed as the std of the values, where the source's

@@ -17,11 +17,13 @@ computes it, per group:
 How our records map onto its inputs: our `info["turn_rewards"]` are per-turn reward increments
 summing to R (turn_credit.py), prime-rl's are scores of the state after each turn; with
 `scores: cumulative` (default) phi_t = r_1 + ... + r_t, the reward collected so far, so d_t = r_t
-for t > 1; `scores: given` passes `info["turn_rewards"]` as the state scores unchanged. A turn's
-trainable tokens are its response tokens. Where ours departs: one advantage per turn (the same on all
-its tokens, as there; a turn without tokens gets A + beta (c_t - c_mean) though nothing trains on it);
-no branches (our trajectories are one chain of turns); no `None` scores and no `length_penalty`
-(off by default there); float64.
+for t > 1, and the level's shaped return R + phi_T - phi_1 = R + r_2 + ... + r_T (2R - r_1 when the
+turn rewards sum to R: the reward counts as final reward and again as progress, as in the source when
+an env's final reward is also its last state score); `scores: given` passes `info["turn_rewards"]` as
+the state scores unchanged. A turn's trainable tokens are its response tokens.
+Where ours departs: one advantage per turn (the same on all its tokens, as there; a turn without
+tokens gets A + beta (c_t - c_mean) though nothing trains on it); no branches (our trajectories are
+one chain of turns); no `None` scores and no `length_penalty` (off by default there); float64.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ That value is the step's response-level reward; the pipeline then puts it on the
 and with base_config's `gamma` 1 and `whiten_advantages` false (`compute_reinforce_return`) every
 token of the step gets it. Its example examples/qwen3_agentic_gem/gem_game_guess_the_number.yaml sets
 `step_reward_gamma: 1.0`, grouping "batch", method "mean_std" (= norm_mean_type and norm_std_type
-"batch").
+"batch"); of the seven example configs with `adv_estimator: "step_reinforce"` there, six set
+`step_reward_gamma: 1.0` and only gem_rg_letter_counting.yaml keeps the class default 0.95.
 How our records map onto its inputs: the step scores are `turn_credit.turn_rewards` (0 ... 0, R
 without `info["turn_rewards"]`); `grouping: group` is our group (ROLL's `traj_group_id`).
 Where ours departs: the advantage is the response-level reward itself, one per turn (the later token-

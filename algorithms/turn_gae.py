@@ -14,6 +14,10 @@ with at least one loss token is one timestep:
 - A_t and the return are copied to every loss token of turn t.
 How our records map onto its inputs: r_t are `turn_credit.turn_rewards`; a turn's loss tokens are its
 response tokens, so an empty response is the turn without loss tokens (advantage 0, return 0).
+AReaL's caller (areal/trainer/ppo/actor.py) passes one reward, the episode's score on its last token,
+so there r_t = 0 ... 0, R (token KL is added to the advantage after, not in the recursion): per-turn
+rewards from `info["turn_rewards"]` go beyond what AReaL feeds it. gamma = lambda = 1 are its
+`discount` and `gae_lambda` defaults.
 Where ours departs: a truncated episode also bootstraps 0 (AReaL bootstraps it with the value at the
 last position); float64.
 The update is the shared turn-level clipped surrogate plus `vf_coef` x PPO's clipped value loss toward
