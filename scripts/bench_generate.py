@@ -13,8 +13,9 @@ the next turn's prompt is the previous prompt + the response + a short observati
             return_logprobs), turns submitted as in `submit`, where the installed release has it
 
 Variants alternate within one run (--repeats rounds, after one warm-up round on other prompts),
-so the load of the machine falls on each alike; every round and variant draws fresh prompts and
-seeds (a prefix cache never serves what an earlier round fed); every figure is printed with the
+so the load of the machine falls on each alike; every round draws fresh prompts and seeds, the
+same for each variant of the round, each on a fresh backend (no prefix cache serves what an
+earlier round fed); every figure is printed with the
 load average beside it. --ragged gives each episode's turns their own lengths (a quarter to all
 of --new-tokens), as a multi-turn episode's responses have: plain `generate` then decodes a batch
 to its longest response and the figure counts only the tokens each turn keeps.
@@ -282,7 +283,7 @@ def profile_submit(model, tokenizer, data: Episodes) -> None:
 
 
 class Runner:
-    """One round of a variant on fresh prompts: (seconds, tokens, KV rows bytes, KV grow bytes)."""
+    """One round of a variant (on fresh prompts unless given): (seconds, tokens, KV rows bytes, KV grow bytes)."""
 
     def __init__(self, model, tokenizer, args: argparse.Namespace, manager=None) -> None:
         self.model, self.tokenizer, self.args, self.manager = model, tokenizer, args, manager
@@ -325,13 +326,16 @@ class Runner:
 
 
 def measure(runner: Runner, variants: list[str], repeats: int) -> dict[str, list[tuple[float, int, int, int, str]]]:
-    """A warm-up round of every variant (other prompts), then `repeats` alternating rounds."""
+    """A warm-up round of every variant (other prompts), then `repeats` alternating rounds, each
+    round on fresh prompts, the same for every variant of the round (each on a fresh backend)."""
+    warm_up = runner.episodes()
     for variant in variants:  # warm-up: allocator, kernels, lazy imports
-        runner.run(variant)
+        runner.run(variant, warm_up)
     results: dict[str, list[tuple[float, int, int, int, str]]] = {v: [] for v in variants}
     for round_ in range(repeats):
+        data = runner.episodes()
         for variant in variants if round_ % 2 == 0 else variants[::-1]:
-            seconds, tokens, rows, grow = runner.run(variant)
+            seconds, tokens, rows, grow = runner.run(variant, data)
             results[variant].append((seconds, tokens, rows, grow, load()))
             print(f"  round {round_} {variant}: {tokens} tokens in {seconds:.2f} s = {rate(tokens / seconds)} tokens/s, "
                   f"KV copied per token rows {rows / tokens:,.0f} B grow {grow / tokens:,.0f} B, load {load()}",

@@ -72,8 +72,8 @@ r = json.loads(sys.stdin.read() or '{}'); g, s = r.get('grpo'), r.get('seeupo')
 if g and s:
     print(f\"{r['shape']}{' LoRA' if r['lora'] else ''}, {r['trajectories']} traj, {r['packed_tokens']} tok: grpo {g['seconds']:.1f} s, seeupo {s['seconds']:.1f} s \"
           f\"({s['seconds'] / g['seconds']:.2f}x), peak {max(g['peak_gib'], s['peak_gib']):.1f} GiB\")" 2>/dev/null ;;
-    generate) grep -E "^\| *submit" "$log" | tail -1 | awk -F'|' '{ for (i = 2; i <= 8; i++) gsub(/^ +| +$/, "", $i)
-                printf "submit: %s tokens/s, %s plain generate (KV rows %s B/token)", $3, $5, $6 }' ;;
+    generate) grep -E "^\| engine \|" "$log" | head -1 | awk -F'|' '{ gsub(/ /, "", $5); printf "engine %s plain; ", $5 }'
+              grep "^verdict:" "$log" | tail -1 | cut -c10- ;;
     vllm) grep "^RESULT" "$log" | tail -1 | cut -c8- | "$PY" -c "
 import json, sys; r = json.loads(sys.stdin.read() or '{}')
 print(f\"{r['shape']}: {r['tokens']} tokens in {r['seconds']} s = {r['tokens_per_s']:,} tokens/s\") if r else None" 2>/dev/null ;;
@@ -145,13 +145,13 @@ rm -rf "$project"; mkdir -p "$project"; cp -r "$root/tests" "$root/scripts" "$ro
 if [ $dry = 1 ]; then
   S1=tiny; S7=tiny; L7=4; TOY="--tasks 1 --group 2 --turns 2 --context 64 --response 16 --observation 8"
   tests="tests/test_learner_temperature.py"; workers="-n 0"; smoke_steps="train.steps=2"
-  generate_args="--quick"; gen_limit=240; export smoke_steps
+  generate_args="--diagnose --quick"; gen_limit=240; export smoke_steps
 else
   S1=1.5b; S7=7b; L7=32; TOY=""
   tests="tests/test_learner.py tests/test_learner_trunk.py tests/test_learner_temperature.py tests/test_seeupo_shared_pass.py
     tests/test_trainer.py tests/test_algorithms.py tests/test_core.py tests/test_sequence_losses.py tests/test_backend_hf.py
     tests/test_prefix_cache.py tests/test_agent.py"
-  workers="-n 8"; smoke_steps=""; export smoke_steps; generate_args="--model 0.5b --repeats 1"; gen_limit=120
+  workers="-n 8"; smoke_steps=""; export smoke_steps; generate_args="--diagnose --model 0.5b --prompt 256 --repeats 2"; gen_limit=180
 fi
 ( cd "$project" && part tests 200 "$PY" -m pytest -q -rfE -p no:cacheprovider $workers -o "addopts=-m 'not slow'" \
     --timeout 150 $tests )
