@@ -481,3 +481,56 @@ def test_one_forward_per_trajectory_scores_as_one_per_turn_and_a_rebuilt_context
         width = int(alone.mask.sum())
         assert torch.allclose(together.logprobs[k, :width], alone.logprobs[0, :width], atol=1e-5)
         assert int(together.mask[k].sum()) == width
+
+
+# ------------------------------------- the authors' variant (seeupo_variant="authors"), quick
+
+
+def authors_config(**options):
+    fields = dict(seeupo_normalization="batch", seeupo_order="natural", seeupo_old_policy="turn_start",
+                  seeupo_m_clip=[0.8, 1.2], epsilon=0.2, epsilon_high=None, beta=0.002, seeupo_kl_estimator="low_var_kl",
+                  seeupo_variant="authors", seeupo_m_alignment="rollout", seeupo_max_steps=4, seeupo_balance_world_size=1)
+    return kit_config(SimpleNamespace(**{**fields, **options}))
+
+
+@pytest.mark.parametrize("alignment", ["rollout", "position"])
+def test_trl_learner_runs_the_authors_variant_from_its_options_as_the_kit_learner_does(tiny, one_torch_thread, alignment):
+    """TRL's fields give the kit's `seeupo_authors` (max_steps 4 for trajectories of 3 and 2 turns: padding rows
+    and a pool of padding only); TRLLearner with a stand-in trainer and the kit's LLMLearner then train with the
+    same M in every pool and end at the same parameters."""
+    import copy
+
+    from accelerate import Accelerator
+
+    from seeupo_gym.algorithms.seeupo_authors import SeeUPOAuthors, SeeUPOAuthorsConfig
+    from seeupo_gym.training.learner import LLMLearner, frozen_copy
+
+    config = authors_config(seeupo_m_alignment=alignment, seeupo_balance_world_size=2)
+    assert isinstance(config, SeeUPOAuthorsConfig) and (config.max_steps, config.m_alignment) == (4, alignment)
+    model, _ = tiny
+    model.train()
+    ours, kits = copy.deepcopy(model), copy.deepcopy(model)
+    trl_side = SeeUPOAuthors(config)
+    learner = TRLLearner(stand_in_trainer(ours, 0.1), ours, pad_token_id=0)
+    trl_side.update(multi_turn_batch(), learner, torch.Generator().manual_seed(0))
+    learner.flush()
+    kit_side = SeeUPOAuthors(SeeUPOAuthorsConfig(m_alignment=alignment, balance_world_size=2, max_steps=4, kl_coef=0.002,
+                                                 kl_estimator="low_var_kl", minibatch_size=1 << 30))
+    kit_side.update(multi_turn_batch(), LLMLearner(Accelerator(cpu=True), kits, torch.optim.SGD(kits.parameters(), lr=0.1),
+                                                   pad_token_id=0, reference=frozen_copy(kits), max_grad_norm=1.0),
+                    torch.Generator().manual_seed(0))
+    assert [p.turn for p in trl_side.schedule] == [p.turn for p in kit_side.schedule] == [1, 2, 3, 4]
+    gap = max(abs(a.weights[rid] - b.weights[rid]) for a, b in zip(trl_side.schedule, kit_side.schedule) for rid in a.weights)
+    x = max(float((a - b).detach().abs().max()) for a, b in zip(ours.parameters(), kits.parameters()))
+    moved = max(float((a - b).detach().abs().max()) for a, b in zip(ours.parameters(), model.parameters()))
+    print(f"\nauthors, {alignment}: max |M difference| {gap:.3g}, max parameter difference vs the kit {x:.3g} (moved {moved:.3g})")
+    assert gap <= 1e-5 and x <= 1e-5 and moved > 1e-3
+
+
+def test_the_authors_variant_and_its_options_are_checked_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="seeupo_variant"):
+        SeeUPOConfig(output_dir=str(tmp_path), **SMALL, seeupo_variant="theirs")
+    with pytest.raises(ValueError, match="m_alignment"):
+        SeeUPOConfig(output_dir=str(tmp_path), **SMALL, seeupo_variant="authors", seeupo_m_alignment="rows")
+    paper = kit_config(SeeUPOConfig(output_dir=str(tmp_path), **SMALL))
+    assert type(paper).__name__ == "SeeUPOConfig"  # the paper's unless asked
