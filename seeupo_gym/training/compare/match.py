@@ -77,8 +77,7 @@ class StepMatched:
                     return None
                 if own.optimizer_steps >= target or own.optimizer_steps == 0:
                     return epochs
-                per_epoch = max(1, own.optimizer_steps // epochs)
-                epochs = max(epochs + 1, math.ceil(target / per_epoch))
+                epochs += 1
             return epochs
         finally:
             config.epochs = configured
@@ -91,7 +90,7 @@ class StepMatched:
         if epochs is None and not self._warned:
             self._warned = True
             logger.warning("%s cannot predict its optimizer steps (or no compared method can): it runs with its "
-                           "own epochs, unmatched (budget/matched = 0 in metrics.jsonl)", self.algorithm.name)
+                           "own epochs, unmatched (update/budget_matched = 0 in metrics.jsonl)", self.algorithm.name)
         config.epochs = epochs or configured
         try:
             metrics = self.algorithm.update(batch, learner, generator)
