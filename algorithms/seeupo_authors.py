@@ -22,7 +22,8 @@ Where it differs from Algorithm 1 (`seeupo.py`; docs/algorithms.md lists each wi
    or simulated as `balance_batch` does from the rows' token counts over `balance_world_size` ranks);
    `rollout` (default) keys the factor by trajectory, as Algorithm 1.
 Ratios are against the parameters just before each pool (`old_policy: turn_start`, their recompute of
-old log-probs per turn), and pools run 1..max_steps (`order: natural`, their `sequential`).
+old log-probs per turn); pools run max_steps..1 (`order: reverse`, their SeeUPO launchers'
+`update_order: "reverse"`, `launcher/qwen3_bfcl/qwen3-seeupo-bfcl.yaml`: max_steps 10, 8 GPUs).
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ class MFactors:
 
 @dataclass
 class SeeUPOAuthorsConfig(SeeUPOConfig):
-    # The authors' defaults: pools 1..max_steps, old log-probs recomputed per pool, M's factor in [0.8, 1.2].
-    order: str = "natural"
+    # The authors' run: pools max_steps..1, old log-probs recomputed per pool, M's factor in [0.8, 1.2].
+    order: str = "reverse"
     old_policy: str = "turn_start"
     m_clip: tuple[float, float] | None = (0.8, 1.2)
     # Pools per step (their rollout.multi_turn.max_steps); None: the batch's longest trajectory.

@@ -347,7 +347,8 @@ def test_m_factor_steps_equal_update_ratios_clip_then_product_then_clip(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("alignment", ["position", "rollout"])
-def test_one_step_with_a_scripted_policy_trains_each_pool_with_the_transcriptions_advantages(seed, alignment):
+@pytest.mark.parametrize("order", ["reverse", "natural"])
+def test_one_step_with_a_scripted_policy_trains_each_pool_with_the_transcriptions_advantages(seed, alignment, order):
     """Ragged turn counts, groups of one, padding rows; pools reordered by a random permutation each (as
     balance_batch does): position-aligned M is theirs exactly; rollout-aligned M equals theirs when no pool
     is reordered."""
@@ -355,19 +356,20 @@ def test_one_step_with_a_scripted_policy_trains_each_pool_with_the_transcription
     rng = random.Random(100 + seed)
     n = len(batch)
     perms = [rng.sample(range(n), n) for _ in range(max_steps)] if alignment == "position" else [list(range(n))] * max_steps
-    pools, final = fit_sequential(list(batch), max_steps, range(max_steps), reorders=perms)
-    algorithm = SeeUPOAuthors(SeeUPOAuthorsConfig(max_steps=max_steps, kl_coef=0.01, minibatch_size=1 << 20, order="natural",
+    agents = list(range(max_steps))[::-1] if order == "reverse" else list(range(max_steps))  # their agent_id order
+    pools, final = fit_sequential(list(batch), max_steps, agents, reorders=perms)
+    algorithm = SeeUPOAuthors(SeeUPOAuthorsConfig(max_steps=max_steps, kl_coef=0.01, minibatch_size=1 << 20, order=order,
                                                   old_policy="turn_start", m_clip=(1 - CLIP, 1 + CLIP), m_alignment=alignment))
     algorithm.row_order = lambda t, pool: perms[t - 1]  # read by `position` only
     algorithm.update(batch, ScriptedPolicyLearner(), torch.Generator().manual_seed(0))
-    assert [phase.turn for phase in algorithm.schedule] == list(range(1, max_steps + 1))
+    assert [phase.turn for phase in algorithm.schedule] == [a + 1 for a in agents]
     worst = 0.0
     for phase, theirs in zip(algorithm.schedule, pools):
         expected = pool_weights(theirs)
         real = {rid: w for rid, w in phase.weights.items() if batch[rid].num_turns >= phase.turn}
         assert real.keys() == expected.keys()
         worst = max([worst] + [abs(real[rid] - expected[rid]) for rid in real])
-    print(f"\nseed {seed}, {alignment}: max |advantage difference| vs the transcription over {max_steps} pools: {worst:.3g}")
+    print(f"\nseed {seed}, {alignment}, {order}: max |advantage difference| vs the transcription over {max_steps} pools: {worst:.3g}")
     assert worst <= TOLERANCE
     assert float((algorithm.m_factors - final).abs().max()) <= TOLERANCE
 
@@ -375,7 +377,7 @@ def test_one_step_with_a_scripted_policy_trains_each_pool_with_the_transcription
 def test_every_trajectory_gives_max_steps_pools_and_a_padding_row_adds_no_loss_but_counts():
     batch = random_batch(1)
     algorithm = kit_update(batch, 6)
-    assert [phase.turn for phase in algorithm.schedule] == [1, 2, 3, 4, 5, 6]
+    assert [phase.turn for phase in algorithm.schedule] == [6, 5, 4, 3, 2, 1]
     assert all(len(phase.rollout_ids) == len(batch) for phase in algorithm.schedule)  # padding rows included
     budget = algorithm.budget(batch)
     assert budget.optimizer_steps == 6
@@ -445,7 +447,7 @@ def test_bad_options_are_refused_in_one_line(options, message):
 
 def test_the_variant_registers_with_seeupo_and_defaults_to_the_authors_run():
     config = algorithm_class("seeupo_authors").config_class()
-    assert (config.order, config.old_policy, config.m_clip, config.m_alignment) == ("natural", "turn_start", (0.8, 1.2), "rollout")
+    assert (config.order, config.old_policy, config.m_clip, config.m_alignment) == ("reverse", "turn_start", (0.8, 1.2), "rollout")
 
 
 def test_more_turns_than_max_steps_is_refused():
