@@ -113,8 +113,7 @@ class HFBackend(Backend):
     @classmethod
     def for_training(cls, model: Any, tokenizer: Any, setup: TrainingSetup) -> "HFBackend":
         # It generates with the very module being trained: a sync only empties its prefix cache.
-        return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20,
-                   cudnn_attention=bool(setup.options.get("cudnn_attention", False)))
+        return cls(model, tokenizer, prefix_cache_bytes=int(setup.options.get("prefix_cache_mib", 1024)) << 20)
 
     def overlapped_sampler(self) -> "HFBackend":
         # This backend generates with the very module being trained: the sampler gets a frozen copy.
