@@ -70,6 +70,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def check_dataset_fills_a_step(dataset: Any, args: Any, processes: int) -> None:
+    """Refuse (ValueError, one line) a dataset too small for one generation batch. GRPOTrainer's sampler
+    draws `generation_batch_size / num_generations` distinct prompts per batch and drops an incomplete
+    one: with fewer rows TRL trains 0 steps and exits 0. An iterable dataset (no length) is not checked."""
+    try:
+        rows = len(dataset)
+    except TypeError:
+        return
+    steps = args.steps_per_generation or args.gradient_accumulation_steps
+    needed = args.per_device_train_batch_size * processes * steps // args.num_generations
+    if rows < needed:
+        raise ValueError(
+            f"the dataset has {rows} row(s) and one generation batch takes {needed} distinct prompts (processes {processes} "
+            f"x per_device_train_batch_size {args.per_device_train_batch_size} x steps_per_generation {steps} / "
+            f"num_generations {args.num_generations}): TRL would train 0 steps; give more tasks or a smaller batch")
+
+
 class _SeeupoEnvironment:
     """What every adapter shares: one Gymnasium env, stepped once per tool call."""
 

@@ -428,7 +428,13 @@ class SeeUPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None, *rest: Any,
                  **kwargs: Any) -> None:
-        super().__init__(model, reward_funcs, seeupo_args(args, model), *rest, **kwargs)
+        args = copy.copy(seeupo_args(args, model))
+        # SeeUPO's loss is its own; "grpo" (unused) keeps TRL from advising it for sequence-level ratios.
+        args.loss_type = "grpo"
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        from seeupo_gym.integrations.trl import check_dataset_fills_a_step
+
+        check_dataset_fills_a_step(self.train_dataset, self.args, self.accelerator.num_processes)
         if getattr(self, "aux_loss_enabled", False):
             warnings.warn(f"SeeUPOTrainer: SeeUPO's loss has no router auxiliary loss (router_aux_loss_coef="
                           f"{self.router_aux_loss_coef} is not applied; set it to 0.0 to silence this)", UserWarning, stacklevel=2)
