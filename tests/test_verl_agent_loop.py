@@ -412,3 +412,24 @@ def test_a_response_mask_of_more_runs_than_the_turn_cap_is_refused_not_a_pool_up
     with pytest.raises(ValueError, match=f"row 3: 5000 runs of response_mask 1 \\(turns\\), more than {MAX_TURNS}"):
         mask_runs(alternating, 3)
     assert len(mask_runs(torch.tensor([1, 0] * MAX_TURNS))) == MAX_TURNS
+
+
+def test_env_text_is_tokenized_off_the_event_loop(worker, tiny, monkeypatch):
+    """A 25 MB served observation took 38 s of the worker's event loop; now every env text is
+    tokenized in a thread (and bounded first: `max_observation_chars`)."""
+    import threading
+
+    import seeupo_gym.integrations.verl as loop_module
+
+    _, tokenizer = tiny
+    threads = []
+
+    def recording_encode(tok, text):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return encode(tok, text)
+
+    monkeypatch.setattr(loop_module, "encode", recording_encode)
+    output = run_rows(worker, ScriptedServer(tokenizer, {TASKS[0]: ground_truth_script(TASKS[0])}),
+                      build_dataset(BFCL, TASKS[:1], **TOOLS))
+    assert output.non_tensor_batch["env_end"][0] == "terminated"
+    assert threads and not any(threads)  # the prompt and every observation, none on the loop's thread

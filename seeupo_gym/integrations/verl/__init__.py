@@ -261,8 +261,11 @@ class SeeupoAgentLoop(AgentLoopBase):
         except EnvAnswerError as err:
             raise _EnvError(f"{call} answered what the agent cannot read: {err}") from None
         info = outcome[-1]
-        size = sum(len(m.get("content") or "") for m in info.get("messages", []))
-        size += len(json.dumps(info.get("tools") or [], default=str))
+        try:
+            size = sum(len(m.get("content") or "") for m in info.get("messages", []))
+            size += len(json.dumps(info.get("tools") or [], default=str))
+        except (TypeError, ValueError, RecursionError) as err:
+            raise _EnvError(f"{call} answered tools that are not JSON: {type(err).__name__}") from None
         if size > self.max_observation_chars:
             raise _EnvError(f"{call} answered {size} characters of messages and tools, over "
                             f"max_observation_chars={self.max_observation_chars}")
@@ -277,6 +280,8 @@ class SeeupoAgentLoop(AgentLoopBase):
                                           self.env_timeout_s)
         except asyncio.TimeoutError:
             raise _EnvError(f"tokenizing the env's answer took longer than {self.env_timeout_s} s") from None
+        except Exception as err:  # noqa: BLE001  the chat template refused what the env sent: this sample only
+            raise _EnvError(f"the env's answer could not be rendered: {type(err).__name__}: {err}"[:500]) from None
 
     async def _env_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn` in a thread (envs block), under the env deadline; failures become `_EnvError`."""
