@@ -8,9 +8,12 @@ Source: github.com/modelscope/AgentEvolver, branch `seeupo`, commit e59dea41e721
 Where it differs from Algorithm 1 (`seeupo.py`; docs/algorithms.md lists each with its source line):
 
 1. Pools: every trajectory yields exactly `max_steps` rows, one per turn pool; past its last turn a
-   row is a copy of that last turn with loss mask 0 that carries the trajectory's reward. Every pool
-   has all N rows, so `max_steps` optimizer steps per step always, and a padding row counts in its
-   minibatch's mean (a zero term) and gets a ratio (its last turn re-scored) like any row.
+   row is a copy of that last turn with loss mask 0 that carries the trajectory's reward. The loss
+   mask zeroes only its advantage: the actor's loss runs over `response_mask`, the response's
+   attention (`compute_response_mask`), so a padding row is a sequence of the pool's mean with
+   advantage 0 whose tokens still take the KL term (its last turn pulled to the reference once more
+   per padding pool), and it gets a ratio (its last turn re-scored) like any row. Every pool has all
+   N rows: `max_steps` optimizer steps per step always.
 2. Advantage: `A_i = R_i - mean_{group(i)} R` (a group of one keeps its raw R_i: mean 0), then
    z-scored over the pool's N rows, padding included (unbiased std, no eps; centred only when the std
    is <= 1e-6), then clamped to [-3, 3]. Every pool holds the same N rewards, so A is the same in each.
@@ -28,7 +31,6 @@ old log-probs per turn); pools run max_steps..1 (`order: reverse`, their SeeUPO 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -187,22 +189,16 @@ class SeeUPOAuthors(SeeUPO):
             pool, padding = padded_pool(batch, t)
             rows = self._row_order(t, pool)
             pool, padding = [pool[j] for j in rows], [padding[j] for j in rows]
-            m = advantages[rows] * factors.of(rows)
+            m = advantages[rows] * factors.of(rows) * ~torch.tensor(padding)  # their advantages x loss_mask
             weight = {core.sample_key(s): float(w) for s, w in zip(pool, m)}
-            is_padding = {core.sample_key(s): p for s, p in zip(pool, padding)}
             if cfg.old_policy == "turn_start":
                 old.update(core.frozen_logprobs(learner, pool))
             batches = list(core.minibatches(pool, cfg.minibatch_size, cfg.epochs, generator))
             for minibatch in batches:
-                real = [s for s in minibatch if not is_padding[core.sample_key(s)]]
-                # padding rows count in the minibatch's mean (their row count), with no token
-                totals = dataclasses.replace(options.totals(step, minibatch), tokens=sum(s.turn.num_response_tokens for s in real),
-                                             with_tokens=max(sum(1 for s in real if s.turn.num_response_tokens), 1))
+                totals = options.totals(step, minibatch)
 
                 def loss(part, new, values=None, totals=totals):
                     kept, is_weights = options.corrected(step, part, new)
-                    real = torch.tensor([not is_padding[core.sample_key(s)] for s in part], device=kept.mask.device)
-                    kept = dataclasses.replace(kept, mask=kept.mask & real[:, None])  # padding: no loss, no KL
                     return core.sequence_policy_loss(
                         kept,
                         core.gather(old, part, new.logprobs),

@@ -232,7 +232,7 @@ class ScriptedActor:
         return scripted_logprob(batch["responses"], self.version) * compute_response_mask(batch)
 
     def update_actor(self, batch: dict) -> None:
-        if bool(batch["loss_mask"].any()):
+        if bool(batch["response_mask"].any()):  # the actor's loss mask (padding rows too: their KL term)
             self.version += 1
 
 
@@ -289,14 +289,12 @@ def kit_update(batch, max_steps, **options):
 
 
 def pool_weights(batch: dict) -> dict[str, float]:
-    """The advantage each row with loss tokens trains with (theirs: constant over its loss tokens)."""
+    """The advantage each row trains with over its response_mask (constant; 0 on a padding row)."""
     out = {}
     for k, rid in enumerate(batch["rid"]):
-        loss = batch["loss_mask"][k, -batch["responses"].shape[1]:].bool()
-        if loss.any():
-            values = batch["advantages"][k][loss]
-            assert float(values.max() - values.min()) == 0.0
-            out[rid] = float(values[0])
+        values = batch["advantages"][k][batch["response_mask"][k].bool()]
+        assert float(values.max() - values.min()) == 0.0
+        out[rid] = float(values[0])
     return out
 
 
@@ -366,21 +364,26 @@ def test_one_step_with_a_scripted_policy_trains_each_pool_with_the_transcription
     worst = 0.0
     for phase, theirs in zip(algorithm.schedule, pools):
         expected = pool_weights(theirs)
-        real = {rid: w for rid, w in phase.weights.items() if batch[rid].num_turns >= phase.turn}
-        assert real.keys() == expected.keys()
-        worst = max([worst] + [abs(real[rid] - expected[rid]) for rid in real])
+        assert phase.weights.keys() == expected.keys()
+        assert all(w == 0.0 for rid, w in expected.items() if batch[rid].num_turns < phase.turn)  # padding rows
+        worst = max([worst] + [abs(phase.weights[rid] - expected[rid]) for rid in expected])
     print(f"\nseed {seed}, {alignment}, {order}: max |advantage difference| vs the transcription over {max_steps} pools: {worst:.3g}")
     assert worst <= TOLERANCE
     assert float((algorithm.m_factors - final).abs().max()) <= TOLERANCE
 
 
-def test_every_trajectory_gives_max_steps_pools_and_a_padding_row_adds_no_loss_but_counts():
+def test_every_trajectory_gives_max_steps_pools_and_a_padding_row_trains_with_advantage_zero_under_the_kl():
     batch = random_batch(1)
-    algorithm = kit_update(batch, 6)
+    assert max(t.num_turns for t in batch) < 6
+    learner = ScriptedPolicyLearner()
+    algorithm = make_algorithm("seeupo_authors", {"max_steps": 6, "kl_coef": 0.01, "minibatch_size": 1 << 20})
+    algorithm.update(batch, learner, torch.Generator().manual_seed(0))
     assert [phase.turn for phase in algorithm.schedule] == [6, 5, 4, 3, 2, 1]
     assert all(len(phase.rollout_ids) == len(batch) for phase in algorithm.schedule)  # padding rows included
-    budget = algorithm.budget(batch)
-    assert budget.optimizer_steps == 6
+    assert all(phase.weights[rid] == 0.0 for phase in algorithm.schedule for rid in phase.rollout_ids
+               if batch[rid].num_turns < phase.turn)
+    # pool 6 holds padding rows only: their KL term alone still moves the policy, as the authors' actor
+    assert learner.version == 6 == algorithm.budget(batch).optimizer_steps
 
 
 # ------------------------------------------------------------------- (3) positional vs rollout M

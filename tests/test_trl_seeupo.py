@@ -487,7 +487,7 @@ def test_one_forward_per_trajectory_scores_as_one_per_turn_and_a_rebuilt_context
 
 
 def authors_config(**options):
-    fields = dict(seeupo_normalization="batch", seeupo_order="natural", seeupo_old_policy="turn_start",
+    fields = dict(seeupo_normalization="batch", seeupo_order="reverse", seeupo_old_policy="turn_start",
                   seeupo_m_clip=[0.8, 1.2], epsilon=0.2, epsilon_high=None, beta=0.002, seeupo_kl_estimator="low_var_kl",
                   seeupo_variant="authors", seeupo_m_alignment="rollout", seeupo_max_steps=4, seeupo_balance_world_size=1)
     return kit_config(SimpleNamespace(**{**fields, **options}))
@@ -519,7 +519,7 @@ def test_trl_learner_runs_the_authors_variant_from_its_options_as_the_kit_learne
     kit_side.update(multi_turn_batch(), LLMLearner(Accelerator(cpu=True), kits, torch.optim.SGD(kits.parameters(), lr=0.1),
                                                    pad_token_id=0, reference=frozen_copy(kits), max_grad_norm=1.0),
                     torch.Generator().manual_seed(0))
-    assert [p.turn for p in trl_side.schedule] == [p.turn for p in kit_side.schedule] == [1, 2, 3, 4]
+    assert [p.turn for p in trl_side.schedule] == [p.turn for p in kit_side.schedule] == [4, 3, 2, 1]
     gap = max(abs(a.weights[rid] - b.weights[rid]) for a, b in zip(trl_side.schedule, kit_side.schedule) for rid in a.weights)
     x = max(float((a - b).detach().abs().max()) for a, b in zip(ours.parameters(), kits.parameters()))
     moved = max(float((a - b).detach().abs().max()) for a, b in zip(ours.parameters(), model.parameters()))

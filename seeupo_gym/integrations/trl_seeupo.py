@@ -161,7 +161,7 @@ class SeeUPOConfig(GRPOConfig):
     seeupo_kl_estimator: str = field(default="low_var_kl", metadata={"help": "KL estimator: k1 | k2 | k3 | low_var_kl."})
     seeupo_variant: str = field(default="paper", metadata={
         "help": "paper (Algorithm 1) | authors (as the authors' code: algorithms/seeupo_authors.py; their run also sets "
-                "seeupo_order='natural', seeupo_old_policy='turn_start', seeupo_m_clip=[0.8, 1.2])."})
+                "seeupo_old_policy='turn_start', seeupo_m_clip=[0.8, 1.2], seeupo_max_steps=10)."})
     seeupo_m_alignment: str = field(default="rollout", metadata={
         "help": f"authors: M by trajectory or by row position after balance_batch: one of {M_ALIGNMENTS}."})
     seeupo_max_steps: int | None = field(default=None, metadata={

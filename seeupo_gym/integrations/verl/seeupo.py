@@ -64,8 +64,9 @@ class VerlSeeUPOConfig:
     m_clip: tuple[float, float] | None = None  # the authors' code: [0.8, 1.2]
     old_policy: str = "step_start"  # step_start (the paper) | turn_start (the authors' code)
     seed: int = 0  # of the `random` order
-    # paper | authors (the authors' code: algorithms/seeupo_authors.py; set order natural, old_policy
-    # turn_start, m_clip [0.8, 1.2] for their run). normalization is the paper's only.
+    # paper | authors (the authors' code: algorithms/seeupo_authors.py; their run also sets old_policy
+    # turn_start, m_clip [0.8, 1.2], max_steps 10, m_alignment position, balance_world_size 8). The
+    # authors' advantage replaces `normalization`.
     variant: str = "paper"
     m_alignment: str = "rollout"  # authors: M by trajectory (rollout) or by row after balance_batch (position)
     max_steps: int | None = None  # authors: pools per step (their rollout.multi_turn.max_steps); null: longest row
@@ -303,9 +304,10 @@ def seeupo_authors_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPO
                         generator: torch.Generator | None = None) -> dict[str, float]:
     """`variant: authors`: one step as the authors' code takes it (algorithms/seeupo_authors.py). Every
     pool t = 1..max_steps holds every row: its turn t, or past its last turn that last turn as a padding
-    row (no loss; counted in the pool's rows; re-scored for M like any row). A = `authors_advantages`
-    over the rows; after each pool M's factor <- clip(factor * clip(s)), by row (`m_alignment: rollout`)
-    or by position in the pool's order (`position`: balance_batch's over `balance_world_size` ranks)."""
+    row (advantage 0, its tokens in the loss's mask, so verl's KL term applies to them; re-scored for M
+    like any row). A = `authors_advantages` over the rows; after each pool M's factor <- clip(factor *
+    clip(s)), by row (`m_alignment: rollout`) or by position in the pool's order (`position`:
+    balance_batch's over `balance_world_size` ranks)."""
     if len(batch) == 0:
         raise ValueError("SeeUPO got an empty batch")
     generator = generator or torch.Generator().manual_seed(config.seed)
@@ -330,17 +332,17 @@ def seeupo_authors_step(batch: DataProto, actor: SeeUPOActor, config: VerlSeeUPO
         pool = trimmed(batch.select_idxs(rows), [ends[i] for i in rows])
         ratio_mask = turn_mask([[spans[i][turn[i] - 1]] for i in rows], 1, pool.batch["response_mask"].shape)
         ratio_mask = ratio_mask.to(batch.batch["response_mask"].dtype)
-        loss_mask = ratio_mask * torch.tensor([t <= len(spans[i]) for i in rows], dtype=ratio_mask.dtype)[:, None]
+        real = torch.tensor([t <= len(spans[i]) for i in rows])
         pool.batch["response_mask"] = ratio_mask
         width = pool.batch["responses"].shape[1]
         pool_old = actor.compute_log_prob(pool) if old is None or config.old_policy == "turn_start" else old[rows, :width]
-        weights = (advantages[rows] * factors.of(rows)).float()
-        fed = [k for k in range(len(rows)) if bool(loss_mask[k].any())]
-        if fed:  # a pool of padding rows only has no loss: no update (the authors' optimizer steps on a zero gradient)
+        weights = (advantages[rows] * factors.of(rows) * real).float()  # their advantages x loss_mask
+        fed = [k for k in range(len(rows)) if bool(ratio_mask[k].any())]  # an empty turn feeds nothing
+        if fed:
             data = pool.select_idxs(fed)
-            data.batch["response_mask"] = loss_mask[fed]
+            data.batch["response_mask"] = ratio_mask[fed]
             data.batch["old_log_probs"] = pool_old[fed]
-            data.batch["advantages"] = weights[fed, None] * loss_mask[fed]
+            data.batch["advantages"] = weights[fed, None] * ratio_mask[fed]
             data.meta_info[POOL_ROWS] = len(rows)
             _hold_learning_rate(actor, updates)
             for key, value in (actor.update_actor(data) or {}).items():
