@@ -106,7 +106,8 @@ class GenerationThread:
         if self._stopped:
             raise RuntimeError(f"the {self.name} thread has stopped (the process is exiting)")
         self._ready[engine] = None
-        if self._thread is None:
+        # Not alive but never stopped: this is a forked child, which has no copy of the thread.
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
             atexit.register(_stop_at_exit, weakref.ref(self))
