@@ -85,6 +85,14 @@ def test_a_dry_run_without_the_venv_names_what_to_run_in_one_line(tmp_path):
                                      "or PY=<a python with torch, transformers, accelerate>")
 
 
+def test_the_real_run_without_a_bundle_names_what_builds_it_in_one_line(tmp_path):
+    # /bin/true stands in for a python that sees CUDA (the check before the bundle's)
+    result, rows = check("--wheels", str(tmp_path / "empty"), tmp_path=tmp_path, timeout=30, PY="/bin/true")
+    assert result.returncode == 2 and rows == []
+    assert result.stderr.strip() == (f"gpu check: no wheels in {tmp_path / 'empty'}; build them where there is network "
+                                     "(bash scripts/gpu_check_wheels.sh) and carry that folder")
+
+
 WHEELS = ROOT / "scripts" / "gpu_check_wheels.sh"
 
 
