@@ -14,6 +14,7 @@ out in plain torch from the paper (`--reference algorithm1`). SGD (lr 0.5, or th
     .venv/bin/python scripts/seeupo_in_verl.py --case reverse --reference algorithm1 --lr-schedule warmup
     .venv/bin/python scripts/seeupo_in_verl.py --case natural --reference algorithm1 --empty-turn
     .venv/bin/python scripts/seeupo_in_verl.py --count-tokens
+    .venv/bin/python scripts/seeupo_in_verl.py --case reverse --variant authors [--m-alignment position]
 
 `--lr-schedule warmup|cosine`: verl's own schedule (`lr_warmup_steps=10`, or cosine over 20 steps),
 moved to step `--schedule-position` (3) first, as after 3 training steps; prints the rate each pool
@@ -21,7 +22,10 @@ ran at and how far the step moved the schedule. `--empty-turn`: one rollout's se
 (the server sampled nothing), so its later turns must pool at their true index. `--count-tokens`:
 one step on rows of 4-6 turns with a long tools prompt; prints, from what verl's worker received
 (each call's sequence lengths summed), `verl SeeUPO tokens fed / exact floor: X`, and the kit's
-learner's fed tokens against its own floor.
+learner's fed tokens against its own floor. `--variant authors`: SeeUPO as the authors' code computes it
+on both sides (`algorithm.seeupo.variant=authors` against the kit's `seeupo_authors`: padded pools of
+max_steps 4, turn-start ratios, M's factor clipped to [0.8, 1.2]; `--m-alignment position`: M by row
+after balance_batch's order over 2 ranks).
 """
 
 from __future__ import annotations
@@ -163,6 +167,11 @@ CASES = {  # case: (verl's order, the kit's order, KL coefficient)
     "reverse": ("reverse", "reverse", 0.0), "natural": ("natural", "natural", 0.0), "kl": ("reverse", "reverse", KL_COEF),
     "control": ("natural", "reverse", 0.0),
 }
+
+
+def AUTHORS(m_alignment: str) -> dict:  # the authors' variant's options, the same on both sides
+    return {"old_policy": "turn_start", "m_clip": (0.8, 1.2), "max_steps": 4, "m_alignment": m_alignment,
+            "balance_world_size": 2}
 
 
 def through_trainer(worker, config, rollouts, tokenizer, kl: bool) -> None:
@@ -368,7 +377,7 @@ def count_tokens(workdir: str | None = None) -> None:
 
 def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: int = 1, workdir: str | None = None,
              trainer: bool = False, reference: str = "kit", schedule: str = "constant", position: int = 3,
-             empty_turn: bool = False, hold_lr: bool = True) -> float:
+             empty_turn: bool = False, hold_lr: bool = True, variant: str = "paper", m_alignment: str = "rollout") -> float:
     """One step through verl's actor worker (or its SeeUPO trainer's actor update, `trainer`) and one
     through the kit (or `algorithm1`) from the same weights; the largest parameter difference."""
     import tempfile
@@ -376,7 +385,7 @@ def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: 
     from accelerate import Accelerator
 
     from seeupo_gym.integrations.verl.cpu import cpu_actor_worker, verl_config, worker_parameters
-    from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, WorkerGroupActor, seeupo_step
+    from seeupo_gym.integrations.verl.seeupo import VerlSeeUPOConfig, WorkerGroupActor, step_for
     from seeupo_gym.training.learner import LLMLearner, frozen_copy
 
     verl_order, kit_order, kl = CASES[case]
@@ -410,7 +419,8 @@ def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: 
         batch = verl_batch(rollouts, tokenizer.pad_token_id, with_spans)
         if kl:  # the reference is the initial policy, as at a run's first step
             batch.batch["ref_log_prob"] = actor.compute_log_prob(batch)
-        seeupo_step(batch, actor, VerlSeeUPOConfig(order=verl_order))
+        options = VerlSeeUPOConfig(order=verl_order, variant=variant, **(AUTHORS(m_alignment) if variant == "authors" else {}))
+        step_for(options)(batch, actor, options)
     verl_params = worker_parameters(worker)
     if schedule != "constant":
         print(f"pool learning rates: {' '.join(f'{r:.6g}' for r in worker.rates)}")
@@ -426,8 +436,10 @@ def run_case(case: str, with_spans: bool = True, dp_size: int = 1, micro_batch: 
     else:
         learner = LLMLearner(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=rate),
                              pad_token_id=tokenizer.pad_token_id, reference=frozen_copy(model), max_grad_norm=GRAD_CLIP)
-        algorithm = make_algorithm("seeupo", {"order": kit_order, "normalization": "batch", "kl_coef": kl, "kl_estimator": "k3",
-                                              "minibatch_size": 1024, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2})
+        common = {"order": kit_order, "kl_coef": kl, "kl_estimator": "k3", "minibatch_size": 1024, "epochs": 1,
+                  "clip_low": 0.2, "clip_high": 0.2}
+        algorithm = (make_algorithm("seeupo_authors", {**common, **AUTHORS(m_alignment)}) if variant == "authors"
+                     else make_algorithm("seeupo", {**common, "normalization": "batch"}))
         algorithm.update(kit_batch(rollouts), learner, torch.Generator().manual_seed(0))
     kit_params = model.state_dict()
     if set(kit_params) != set(verl_params):
@@ -453,13 +465,17 @@ def main() -> None:
     parser.add_argument("--empty-turn", action="store_true", help="one rollout's turn 2 is empty (zero tokens)")
     parser.add_argument("--no-lr-hold", action="store_true", help="control: let verl's worker step the schedule per pool")
     parser.add_argument("--count-tokens", action="store_true", help="tokens fed / exact floor, verl and the kit")
+    parser.add_argument("--variant", choices=("paper", "authors"), default="paper",
+                        help="authors: SeeUPO as the authors' code computes it, on both sides")
+    parser.add_argument("--m-alignment", choices=("rollout", "position"), default="rollout", help="with --variant authors")
     args = parser.parse_args()
     if args.count_tokens:
         count_tokens()
         return
     diff = run_case(args.case, with_spans=not args.mask_runs, dp_size=args.dp_size, micro_batch=args.micro_batch,
                     trainer=args.trainer, reference=args.reference, schedule=args.lr_schedule,
-                    position=args.schedule_position, empty_turn=args.empty_turn, hold_lr=not args.no_lr_hold)
+                    position=args.schedule_position, empty_turn=args.empty_turn, hold_lr=not args.no_lr_hold,
+                    variant=args.variant, m_alignment=args.m_alignment)
     print(f"max parameter difference vs {'the kit' if args.reference == 'kit' else 'Algorithm 1'}: {diff:.3e}")
 
 

@@ -571,6 +571,14 @@ def test_authors_variant_through_verls_calls_trains_each_pool_with_the_kits_adva
     assert reordered == (alignment == "position")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case, alignment", [("reverse", "rollout"), ("kl", "position")])
+def test_authors_variant_one_step_through_verls_actor_worker_equals_the_kits_seeupo_authors(case, alignment):
+    """verl's own actor worker (FSDP2 on CPU) driven by `seeupo_authors_step` against the kit's
+    `seeupo_authors` with LLMLearner, from the same weights: padded pools, turn-start ratios, clipped M."""
+    assert parity("--case", case, "--variant", "authors", "--m-alignment", alignment) <= PARITY
+
+
 def test_authors_variant_refuses_a_row_longer_than_max_steps_before_any_call(rollouts):
     actor = RecordingActor()
     with pytest.raises(ValueError, match="max_steps"):
