@@ -22,7 +22,8 @@ to its longest response and the figure counts only the tokens each turn keeps.
 
 --diagnose: where a fixed cost per round of the continuous engine comes from, on the device at
 hand (docs/performance.md, "Generation on a GPU"). Plain `generate` against the engine in these
-settings (worker thread; cuDNN's attention allowed or not; padded shapes or exact ones):
+settings (worker thread; cuDNN's attention allowed or not; padded shapes, or exact ones: rows as
+they are, prefills unpadded and a KV width one column wider at each step, as the engine had):
 
   engine          the default: the process's one generation thread, no cuDNN attention, padded shapes
   fresh-thread    a new engine thread each round, cuDNN allowed, exact shapes (the old settings)
@@ -57,7 +58,7 @@ import torch
 
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
 from seeupo_gym.agents.backends import kv_rows
-from seeupo_gym.agents.backends.hf_engine import HFEngine
+from seeupo_gym.agents.backends.hf_engine import WIDTH_BLOCK, HFEngine
 from seeupo_gym.agents.models import build_tiny, tiny_config
 
 # Qwen2.5-0.5B: hidden, intermediate, layers, heads, kv heads (tied embeddings).
@@ -306,7 +307,9 @@ class Runner:
         backend = HFBackend(self.model, self.tokenizer, cudnn_attention=settings[1] if settings else False)
         engine = None
         if settings is not None:
-            engine = backend._engine = HFEngine(backend, worker=settings[0], padded_shapes=settings[2])
+            # Exact shapes: rows as they are, prefills unpadded, a KV width one column wider each step.
+            engine = backend._engine = HFEngine(backend, worker=settings[0], padded_shapes=settings[2],
+                                                width_block=WIDTH_BLOCK if settings[2] else 1)
         kv_rows.KV_COPIES.bytes, self.grown[0] = 0, 0
         self.sync()
         start = time.perf_counter()

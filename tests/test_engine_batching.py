@@ -31,8 +31,8 @@ def _engine(backend, **kwargs):
     return backend._engine
 
 
-@pytest.mark.parametrize("padded", [True, False])
-def test_padded_and_exact_shapes_sample_what_each_request_samples_alone(tiny, padded):
+@pytest.mark.parametrize("padded, width_block", [(True, WIDTH_BLOCK), (False, WIDTH_BLOCK), (False, 1)])
+def test_padded_and_exact_shapes_sample_what_each_request_samples_alone(tiny, padded, width_block):
     """Rows of several lengths and temperatures that finish at different steps, a long prompt
     past one buffer block, and later turns served from the prefix cache: every request samples
     the tokens (and logprobs) a single-prompt `generate` samples with its seed."""
@@ -42,7 +42,7 @@ def test_padded_and_exact_shapes_sample_what_each_request_samples_alone(tiny, pa
                  for i, (n, t) in enumerate(zip((9, 3, 17, 6, 12), (1.0, 0.7, 1.0, 0.0, 1.0)))]
     alone = [HFBackend(model, tokenizer).generate([p], s)[0] for p, s in zip(prompts, samplings)]
     backend = HFBackend(model, tokenizer)
-    engine = _engine(backend, padded_shapes=padded)
+    engine = _engine(backend, padded_shapes=padded, width_block=width_block)
     together = [f.result(timeout=120) for f in [engine.submit(p, s) for p, s in zip(prompts, samplings)]]
     for joined, single in zip(together, alone):
         assert joined.token_ids == single.token_ids

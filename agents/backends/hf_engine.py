@@ -102,13 +102,14 @@ class HFEngine:
     worker: "process" (the process's one generation thread, the default), "own" (a thread of this
     engine's own, ended by `close`: a diagnosis of per-thread costs) or "caller" (no thread: the
     caller runs `step()` until its futures are done). padded_shapes: rows to a power of two and
-    prefills to whole blocks (None: on CUDA).
+    prefills to whole blocks (None: on CUDA). width_block: KV buffer widths are multiples of it
+    (1: a new width at every step, as a growing cache has; a diagnosis setting).
     """
 
     thread_name = "hf-engine"
 
     def __init__(self, backend: "HFBackend", *, max_batch_size: int | None = None, worker: str = "process",
-                 padded_shapes: bool | None = None) -> None:
+                 padded_shapes: bool | None = None, width_block: int = WIDTH_BLOCK) -> None:
         if worker not in WORKERS:
             raise ValueError(f"worker must be one of {', '.join(WORKERS)}, got {worker!r}")
         self.backend = backend
@@ -130,6 +131,9 @@ class HFEngine:
         self._one_at_a_time = False  # set when the model's KV cache cannot be joined row-wise
         cuda = backend._device.type == "cuda"
         self.padded_shapes = cuda if padded_shapes is None else padded_shapes
+        if width_block < 1:
+            raise ValueError(f"width_block must be >= 1, got {width_block}")
+        self.width_block = width_block
         if cuda:
             _warn_unmeasured_on_cuda()
 
@@ -306,10 +310,9 @@ class HFEngine:
         starts = [r.start for r in batch.rows if r is not None]
         return min(starts) if starts else batch.cursor
 
-    @staticmethod
-    def _width(used: int) -> int:
+    def _width(self, used: int) -> int:
         """A buffer width for `used` positions: whole blocks, at least one column free."""
-        return (used // WIDTH_BLOCK + 1) * WIDTH_BLOCK
+        return (used // self.width_block + 1) * self.width_block
 
     def _relayout(self, batch: _Batch, keep: list[int], slots: int, cursor: int) -> _Batch:
         """New buffers with the `keep` slots on top, their positions ending at column `cursor`."""
