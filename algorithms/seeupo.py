@@ -25,7 +25,9 @@ TurnBandit `stopping` batches, and against the placeholder form with its step re
 
 Ratios are taken against theta_k, the parameters at the start of the step (`old_policy:
 step_start`), as in the paper's equations; `turn_start` recomputes the "old" logprobs of each
-pool just before its update, as the authors' code does (a different estimator). `M` is keyed
+pool just before its update, as the authors' code does (a different estimator; `seeupo_authors`,
+algorithms/seeupo_authors.py, is their computation whole: padded pools, clamped advantages, M's
+factor clipped per turn and kept by row position). `M` is keyed
 by rollout_id, so shuffling a pool into minibatches never moves a weight to another sample. `s(y)` is
 GSPO's, `log s` clamped above at 10 as verl's, in the loss and in M alike; a response without tokens
 is no sequence (no loss; its s is 1).

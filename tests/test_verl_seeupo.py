@@ -398,6 +398,12 @@ def test_verl_registers_seeupos_estimator_and_it_gives_each_row_its_initial_m(ro
     expected = core.group_advantages(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), "group").float()
     assert torch.allclose(advantages, expected[:, None] * batch.batch["response_mask"])
     assert torch.equal(advantages, returns)
+    from seeupo_gym.algorithms.seeupo_authors import authors_advantages
+
+    authors, _ = estimator(token_level_rewards=batch.batch["token_level_scores"], response_mask=batch.batch["response_mask"],
+                           index=batch.non_tensor_batch["uid"], config={"seeupo": {"variant": "authors"}})
+    expected = authors_advantages(rewards, torch.tensor([0, 0, 0, 1, 1, 1])).float()
+    assert torch.allclose(authors, expected[:, None] * batch.batch["response_mask"])
 
 
 # --------------------------------------------------------------------------- the launcher
