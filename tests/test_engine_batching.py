@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
 from seeupo_gym.agents.backends.hf_engine import PREFILL_BLOCK, WIDTH_BLOCK, HFEngine

@@ -354,8 +354,8 @@ class HFEngine:
             batch = _Batch(
                 [None] * slots,
                 prefilled[0][0].new_zeros((slots, prefilled[0][0].shape[-1])),
-                [(k.new_zeros((slots, k.shape[1], width, k.shape[3])), v.new_zeros((slots, v.shape[1], width, v.shape[3])))
-                 for k, v in prefilled[0][1]],
+                [(k.new_zeros((slots, k.shape[1], width, k.shape[3])),
+                  v.new_zeros((slots, v.shape[1], width, v.shape[3]))) for k, v in prefilled[0][1]],
                 torch.zeros((slots, width), dtype=torch.bool, device=k.device),
                 longest,
             )
