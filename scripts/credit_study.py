@@ -88,7 +88,7 @@ SUITES = {s.name: s for s in [
     Suite("climbing", "climbing", (2, 3)),
     Suite("stopping", "stopping", (2, 4)),
     Suite("ladder", "ladder", (6, 10), options=2),
-    Suite("ladder+slip", "ladder", (6, 10), options=2, slip=0.1),
+    Suite("ladder+slip", "ladder", (4, 8), options=2, slip=0.1),
     Suite("stopping+slip", "stopping", (2, 4), slip=0.1),
     Suite("follow", "follow", (2, 3)),
     Suite("climbing+turn rewards", "climbing", (2, 3), turn_rewards=True),
@@ -182,10 +182,10 @@ def algorithm_of(method: Method, epochs: int):
                                              **({"epochs": epochs} if epochs > 1 else {})})
 
 
-def steps_per_batch(method: Method, suite: Suite, policy: str, num_tasks: int, group_size: int) -> int:
-    """Optimizer steps of one update of `method` on a first batch of the suite (seed 0), counted."""
-    learner = POLICIES[policy](tasks_of(suite, 0, num_tasks), lr=0.1, optimizer="adam", observations=method.observations)
-    generator = torch.Generator().manual_seed(0)
+def steps_per_batch(method: Method, suite: Suite, policy: str, seed: int, num_tasks: int, group_size: int) -> int:
+    """Optimizer steps of one update of `method` on the first batch of the suite's seed, counted."""
+    learner = POLICIES[policy](tasks_of(suite, seed, num_tasks), lr=0.1, optimizer="adam", observations=method.observations)
+    generator = torch.Generator().manual_seed(seed)
     counting = CountingLearner(learner)
     algorithm_of(method, 1).update(sample_batch(learner, group_size, generator), counting, generator)
     return counting.optimizer_steps
@@ -326,27 +326,29 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in methods if m.label not in failed]
 
     results: dict[tuple[str, str], dict[str, dict[str, list]]] = {}
-    epochs_of: dict[tuple[str, str, str], int] = {}
+    epochs_of: dict[tuple[str, str, int, str], int] = {}
     for policy in args.policies:
         for match in args.match:
             results[policy, match] = {m.label: {} for m in methods}
             for suite in suites:
-                if match == "steps":
+                # Budget steps: each seed's tasks (their lengths set SeeUPO's pools) get their own epochs.
+                for seed in range(args.seeds if match == "steps" else 0):
                     counted = {}
                     for m in methods:
                         try:
-                            counted[m.label] = steps_per_batch(m, suite, policy, args.tasks, args.group_size)
+                            counted[m.label] = steps_per_batch(m, suite, policy, seed, args.tasks, args.group_size)
                         except Exception as err:
                             failed[m.label] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
                     most = max(counted.values())
                     for label, steps in counted.items():
-                        epochs_of[policy, suite.name, label] = max(1, round(most / max(steps, 1)))
+                        epochs_of[policy, suite.name, seed, label] = max(1, round(most / max(steps, 1)))
                 for m in methods:
                     if m.label in failed:
                         continue
-                    epochs = epochs_of.get((policy, suite.name, m.label), 1) if match == "steps" else 1
                     try:
-                        runs = [train(m, suite, policy, seed, lr=lr_of[m.label, policy], epochs=epochs, **common)
+                        runs = [train(m, suite, policy, seed, lr=lr_of[m.label, policy],
+                                      epochs=epochs_of.get((policy, suite.name, seed, m.label), 1) if match == "steps" else 1,
+                                      **common)
                                 for seed in range(args.seeds)]
                     except Exception as err:
                         failed[m.label] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
                     results[policy, match][m.label][suite.name] = runs
                     mean, half = interval([r["mean"] for r in runs])
                     print(f"{policy:<7} {match:<7} {suite.name:<12} {m.label:<28} {mean:.3f} +- {half:.3f}  "
-                          f"steps/it {runs[0]['optimizer_steps'] / args.iterations:.1f}  "
+                          f"steps/it {statistics.fmean(r['optimizer_steps'] for r in runs) / args.iterations:.1f}  "
                           f"{statistics.fmean(r['wall_s'] for r in runs):.1f} s/run  (load {os.getloadavg()[0]:.1f})", flush=True)
 
     lines = [
