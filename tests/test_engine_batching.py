@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from seeupo_gym.agents.backends import HFBackend, SamplingParams
 from seeupo_gym.agents.backends.hf_engine import PREFILL_BLOCK, WIDTH_BLOCK, HFEngine
@@ -132,3 +133,18 @@ def test_the_generation_diagnosis_runs_on_cpu_and_prints_its_verdict_line():
     assert "top 12 ops by own CPU time:" in lines
     verdict = [line for line in lines if line.startswith("verdict: ")]
     assert len(verdict) == 1 and " on cpu" in verdict[0], done.stdout[-2000:]
+
+
+def test_on_cuda_the_engine_leaves_cudnn_attention_out_unless_asked_and_restores_torchs_choice():
+    """The kernel choice is torch's global flags (settable without a GPU): cuDNN's attention is off
+    inside the engine's context on CUDA, the other kernels on, and torch's own choice comes back."""
+    from seeupo_gym.agents.backends.kv_rows import attention_backends
+
+    backends = torch.backends.cuda
+    before = backends.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda"), cudnn=False):
+        assert not backends.cudnn_sdp_enabled()
+        assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled() and backends.math_sdp_enabled()
+    assert backends.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cuda"), cudnn=True), attention_backends(torch.device("cpu"), cudnn=False):
+        assert backends.cudnn_sdp_enabled() == before
