@@ -120,6 +120,8 @@ class SeeUPOAuthorsConfig(SeeUPOConfig):
     # `position`: ranks balance_batch partitions each pool over (their n_gpus_per_node * nnodes); 1: no reorder.
     balance_world_size: int = 1
     advantage_clamp: float = ADVANTAGE_CLAMP
+    # Not read here: `normalization` (the authors' advantage replaces it) and `share_ratio_pass` (every
+    # row is re-scored after its pool in a frozen pass, padding rows too, as their `update_ratios`).
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,7 +150,8 @@ class SeeUPOAuthors(SeeUPO):
 
     config_class = SeeUPOAuthorsConfig
     config: SeeUPOAuthorsConfig
-    # Tests may set this: pool turn t -> the row order of its N rows (row j = trajectory order[j]).
+    # `position`: the row order of pool t given (e.g. a run's recorded balance_batch permutation):
+    # (t, the pool in batch order) -> order, row j = trajectory order[j]; None: `balance_world_size`.
     row_order: Callable[[int, list[TurnSample]], list[int]] | None = None
 
     def pools(self, batch: RolloutBatch) -> int:
