@@ -6,9 +6,12 @@ code is an adversary (RL finds any route from it to the host or the grader), so 
 only in an episode process that is
 - forked per episode from a warm parent that has imported AppWorld but run no model code,
   into user, PID and IPC namespaces of the episode's own (the warm parent has no pid there),
-- inside a bubblewrap sandbox (`sandbox.py`): nobody, no network, read-only files except a
-  private scratch, only the current task's public files, rlimits, one memory cgroup for all
-  its processes, no inherited environment,
+- inside a gVisor sandbox (the default where runsc runs: a kernel of its own, and under the
+  default `SandboxLimits.fresh_kernel_per_episode` a cell sandbox no earlier episode ran in,
+  started while the previous episode runs) or a bubblewrap one (`sandbox.py`): nobody, no
+  network, read-only files except a private scratch, only the current task's public files,
+  rlimits, one memory cgroup for all its processes (and, under gVisor, a bound on its host
+  tasks), no inherited environment,
 - stopped (SIGSTOP, all its threads) between requests, and everything else in its PID
   namespace killed (by its supervisor, from inside that namespace, whatever the processes'
   state: zombie-looking leaders, fork storms): nothing of it runs while the policy thinks,
@@ -328,7 +331,7 @@ class AppWorldServer:
 
     @property
     def pid(self) -> int | None:
-        """The host pid of the cell sandbox."""
+        """The host pid of the cell sandbox (under `fresh_kernels`, a new one per episode)."""
         return self._cells.pid
 
     @property
