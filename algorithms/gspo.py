@@ -76,23 +76,10 @@ class GSPO(Algorithm):
             totals = options.totals(step, minibatch)
 
             def loss(part, new, values):
-                kept, is_weights = options.corrected(step, part, new)
-                part_totals = totals.part(part)
-                return core.sequence_policy_loss(
-                    kept,
-                    core.old_or_detached(old, part, new.logprobs),
-                    core.per_sample(advantages, part, new.logprobs),
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                    totals=part_totals,
-                    rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, part_totals),
-                    entropy_coeff=cfg.entropy_coeff,
-                    loss_agg=cfg.loss_agg,
-                    loss_scale_factor=cfg.loss_scale_factor,
-                    policy_loss_agg=cfg.policy_loss_agg,
+                return options.sequence_loss(
+                    cfg, step, part, new, core.old_or_detached(old, part, new.logprobs),
+                    core.per_sample(advantages, part, new.logprobs), ref, totals.part(part),
+                    loss_agg=cfg.loss_agg, loss_scale_factor=cfg.loss_scale_factor, policy_loss_agg=cfg.policy_loss_agg,
                 )
 
             steps.append(options.minimize(learner, minibatch, loss, cfg))

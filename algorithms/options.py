@@ -172,6 +172,31 @@ def token_loss(
     )
 
 
+def sequence_loss(
+    cfg: Any, step: StepInputs, part: Sequence[TurnSample], new: TokenLogprobs, old_logprobs: torch.Tensor,
+    advantages: torch.Tensor, ref: Any, totals: core.Totals, **aggregation: Any,
+) -> tuple[torch.Tensor, Any]:
+    """The sequence-level clipped surrogate (+ KL, entropy) of GSPO and SeeUPO with the config's clip, KL
+    and correction options. `advantages` has one weight per row of `part`; `totals` is the part's
+    (`totals(step, minibatch)`, `.part(part)` where sequences are trajectories); `aggregation` passes
+    `loss_agg` and friends to `core.sequence_policy_loss` where the algorithm has them."""
+    kept, is_weights = corrected(step, part, new)
+    return core.sequence_policy_loss(
+        kept,
+        old_logprobs,
+        advantages,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
+        kl_coef=cfg.kl_coef,
+        kl_estimator=cfg.kl_estimator,
+        totals=totals,
+        rollout_is_weights=sequence_weights(new, kept, is_weights, step, totals),
+        entropy_coeff=cfg.entropy_coeff,
+        **aggregation,
+    )
+
+
 def sequence_weights(
     new: TokenLogprobs, masked: TokenLogprobs, token_weights: torch.Tensor | None, step: StepInputs, part_totals: core.Totals
 ) -> torch.Tensor | None:

@@ -163,21 +163,9 @@ class SeeUPO(Algorithm):
                 totals = options.totals(step, minibatch)
 
                 def loss(part, new, ratios):  # ratios: s(y) measured alongside, not yet in M
-                    kept, is_weights = options.corrected(step, part, new)
-                    return core.sequence_policy_loss(
-                        kept,
-                        core.gather(old, part, new.logprobs),
-                        core.per_sample({s.rollout_id: weight(s.rollout_id, ratios.get(s.rollout_id, 1.0)) for s in part},
-                                        part, new.logprobs),
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                        kl_coef=cfg.kl_coef,
-                        kl_estimator=cfg.kl_estimator,
-                        totals=totals,
-                        rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, totals),
-                        entropy_coeff=cfg.entropy_coeff,
-                    )
+                    weights = {s.rollout_id: weight(s.rollout_id, ratios.get(s.rollout_id, 1.0)) for s in part}
+                    return options.sequence_loss(cfg, step, part, new, core.gather(old, part, new.logprobs),
+                                                 core.per_sample(weights, part, new.logprobs), ref, totals)
 
                 extra = shared if k == 0 else []
                 metrics = options.minimize(learner, minibatch + extra, core.measuring_alongside(t, extra, old, loss), cfg)

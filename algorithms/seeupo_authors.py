@@ -201,21 +201,9 @@ class SeeUPOAuthors(SeeUPO):
                 totals = options.totals(step, minibatch)
 
                 def loss(part, new, values=None, totals=totals):
-                    kept, is_weights = options.corrected(step, part, new)
-                    return core.sequence_policy_loss(
-                        kept,
-                        core.gather(old, part, new.logprobs),
-                        torch.tensor([weight[core.sample_key(s)] for s in part], dtype=new.logprobs.dtype,
-                                     device=new.logprobs.device),
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        ref=core.gather(ref, part, new.logprobs) if ref is not None else None,
-                        kl_coef=cfg.kl_coef,
-                        kl_estimator=cfg.kl_estimator,
-                        totals=totals,
-                        rollout_is_weights=options.sequence_weights(new, kept, is_weights, step, totals),
-                        entropy_coeff=cfg.entropy_coeff,
-                    )
+                    rows = torch.tensor([weight[core.sample_key(s)] for s in part], dtype=new.logprobs.dtype,
+                                        device=new.logprobs.device)
+                    return options.sequence_loss(cfg, step, part, new, core.gather(old, part, new.logprobs), rows, ref, totals)
 
                 steps.append(options.minimize(learner, minibatch, loss, cfg))
             # their `update_ratios`: every row, padding too, re-scored at the new parameters
