@@ -113,6 +113,28 @@ def test_the_token_goes_to_the_env_server_never_to_a_proxy(hostile, proxy):
     assert proxy.received and b"/honest/seeupo/env" in proxy.received[0]
 
 
+def test_openenv_clients_refuse_a_token_their_connect_would_send_through_a_proxy(proxy, monkeypatch):
+    pytest.importorskip("openenv")
+    from websockets.proxy import get_proxy
+    from websockets.uri import parse_uri
+
+    from seeupo_gym.integrations.openenv_client import SeeupoEnv, SeeupoToolSessionFactory
+
+    remote = "http://192.0.2.7:8000"  # TEST-NET-1: never reached, construction alone is under test
+    # control: OpenEnv's connect (websockets) would route this URL through the recording proxy
+    assert get_proxy(parse_uri("ws://192.0.2.7:8000/ws")) == proxy.url
+    token = {"Authorization": "Bearer serve-secret"}
+    with pytest.raises(ValueError, match="through the proxy.*NO_PROXY"):
+        SeeupoEnv(base_url=remote, headers=token)
+    with pytest.raises(ValueError, match="through the proxy"):
+        SeeupoToolSessionFactory(remote, headers=token).create(task={"task_id": "x"})
+    assert proxy.received == []
+    SeeupoEnv(base_url=remote)  # no credentials: nothing to leak
+    SeeupoEnv(base_url="http://127.0.0.1:8000", headers=token)  # loopback: OpenEnv bypasses proxies
+    monkeypatch.setenv("NO_PROXY", "192.0.2.7")
+    SeeupoEnv(base_url=remote, headers=token)  # exempted by the user
+
+
 def test_a_declared_turn_limit_is_capped_by_the_local_turn_cap(hostile):
     from seeupo_gym.remote import MAX_TURNS_CAP
 

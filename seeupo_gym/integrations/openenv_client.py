@@ -13,8 +13,11 @@ imports nothing of the server, so a client machine needs no env code.
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from typing import Any
+import urllib.request
+from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from seeupo_gym.integrations import import_openenv_core
 
@@ -77,8 +80,50 @@ class SeeupoState(State):
     done: bool = Field(default=True, description="no episode is running (none started, or it ended)")
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_proxied_credentials(base_url: str | None, headers: Mapping[str, str] | None) -> None:
+    """Refuse credentials that OpenEnv's client would send through a proxy.
+
+    Its WebSocket connect bypasses proxies for loopback only and otherwise follows the proxy variables
+    (websockets' rule: urllib's `getproxies`, `proxy_bypass`). A token in `headers` would then reach the
+    proxy's host as well as the server: refused in one line naming the proxy and the way out."""
+    if not base_url or not headers or not any(k.lower() in ("authorization", "cookie") for k in headers):
+        return
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if _loopback(host):
+        return
+    secure = parts.scheme in ("https", "wss")
+    try:
+        port = parts.port or (443 if secure else 80)
+    except ValueError:
+        return  # not a URL a connect could use; the client's own error names it
+    if urllib.request.proxy_bypass(f"{host}:{port}"):
+        return
+    proxies = urllib.request.getproxies()
+    schemes = ("wss", "socks", "https") if secure else ("ws", "socks", "https", "http")
+    proxy = next((proxies[s] for s in schemes if proxies.get(s)), None)
+    if proxy:
+        raise ValueError(
+            f"refusing to send credentials to {host} through the proxy {urlsplit(proxy).hostname!r} (from the "
+            f"proxy variables): add {host} to NO_PROXY, or unset the proxy variables"
+        )
+
+
 class SeeupoEnv(EnvClient[ResponseAction, TextObservation, SeeupoState]):
     """OpenEnv client of a `seeupo-serve` session: `SeeupoEnv(base_url="http://host:port")`."""
+
+    def __init__(self, base_url: str | None = None, *args: Any, headers: dict[str, str] | None = None, **kwargs: Any) -> None:
+        refuse_proxied_credentials(base_url, headers)
+        super().__init__(base_url, *args, headers=headers, **kwargs)
 
     def _step_payload(self, action: ResponseAction | str) -> dict[str, Any]:
         if isinstance(action, str):
@@ -102,6 +147,7 @@ class SeeupoToolSession(ResourceSession):
     """One rollout over the MCP tools of an env `seeupo-serve` serves in the tools format."""
 
     def __init__(self, base_url: str, reset_kwargs: dict[str, Any], **client_kwargs: Any) -> None:
+        refuse_proxied_credentials(base_url, client_kwargs.get("headers"))
         self._client = MCPToolClient(base_url=base_url, **client_kwargs).sync()
         self._closed = False
         self._reward: float | None = None
