@@ -109,7 +109,8 @@ def test_the_token_goes_to_the_env_server_never_to_a_proxy(hostile, proxy):
     assert proxy.received == []
     # control: a client that reads the proxy variables does reach the recorder
     with pytest.raises(OSError):
-        urllib.request.urlopen(hostile("honest") + "/seeupo/env", timeout=3)
+        # a fresh opener reads the proxy variables now (`urlopen` keeps the first opener of the process)
+        urllib.request.build_opener().open(hostile("honest") + "/seeupo/env", timeout=3)
     assert proxy.received and b"/honest/seeupo/env" in proxy.received[0]
 
 

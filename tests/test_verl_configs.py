@@ -95,7 +95,8 @@ def test_cfg_job_prints_the_composed_yaml_as_hydra_does(capsys, monkeypatch):
     assert printed["data"]["train_files"] == "${oc.env:SEEUPO_VERL_DATA,data/verl}/bfcl_train.parquet"  # unresolved
     assert printed["actor_rollout_ref"]["rollout"]["n"] == 4 and printed["trainer"]["v1"]["trainer_mode"] == "seeupo"
     assert printed["algorithm"]["seeupo"] == {"order": "reverse", "normalization": "batch", "m_clip": None,
-                                              "old_policy": "step_start", "seed": 0}
+                                              "old_policy": "step_start", "seed": 0, "variant": "paper",
+                                              "m_alignment": "rollout", "max_steps": None, "balance_world_size": 1}
     assert main(["--cfg=job", "--resolve", "+experiment=paper_bfcl"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["data"]["train_files"] == "/elsewhere/bfcl_train.parquet"
