@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import sys
 
 
@@ -21,3 +22,13 @@ def import_openenv_core() -> None:
         importlib.import_module("openenv.core")
     finally:
         del sys.modules["gradio"]
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (a host name that merely starts with one is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

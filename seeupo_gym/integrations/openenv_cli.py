@@ -16,7 +16,6 @@ SIGTERM or Ctrl-C closes every session's env (an AppWorld env kills its sandboxe
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import signal
 import socket
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
+
+from seeupo_gym.integrations import is_loopback
 
 TOKEN_ENV = "SEEUPO_SERVE_TOKEN"
 
@@ -40,15 +41,6 @@ def parse_env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError as error:
             raise SystemExit(f"seeupo-serve: cannot read the value of {key}: {error}") from None
     return kwargs
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(token_file: str | None) -> str | None:

@@ -13,13 +13,12 @@ imports nothing of the server, so a client machine needs no env code.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import urllib.request
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from seeupo_gym.integrations import import_openenv_core
+from seeupo_gym.integrations import import_openenv_core, is_loopback
 
 import_openenv_core()  # before any openenv import: skips its web playground
 
@@ -80,15 +79,6 @@ class SeeupoState(State):
     done: bool = Field(default=True, description="no episode is running (none started, or it ended)")
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def refuse_proxied_credentials(base_url: str | None, headers: Mapping[str, str] | None) -> None:
     """Refuse credentials that OpenEnv's client would send through a proxy.
 
@@ -99,7 +89,7 @@ def refuse_proxied_credentials(base_url: str | None, headers: Mapping[str, str] 
         return
     parts = urlsplit(base_url)
     host = parts.hostname or ""
-    if _loopback(host):
+    if is_loopback(host):
         return
     secure = parts.scheme in ("https", "wss")
     try:
